@@ -1,0 +1,103 @@
+//! Engine benchmark: prefill and decode speed with peak memory, in the shape of
+//! llama.cpp's `llama-bench` (pp N: prompt processing of N tokens; tg N: N generated tokens).
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::model::LocalModel;
+use crate::sampling::argmax;
+
+/// One measured case.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchResult {
+    /// `pp512`, `tg256`, ...
+    pub test: String,
+    pub tokens: usize,
+    /// Seconds of each repetition.
+    pub seconds: Vec<f64>,
+    /// Tokens per second of the median repetition.
+    pub tokens_per_second: f64,
+    /// Peak resident memory of the process during this case, in bytes (Linux only).
+    pub peak_rss_bytes: Option<u64>,
+}
+
+/// Prefill of `tokens` prompt tokens (from `filler`), `repeats` times, median reported.
+pub fn bench_prefill(
+    model: &LocalModel,
+    filler: &[u32],
+    tokens: usize,
+    repeats: usize,
+) -> Result<BenchResult> {
+    if filler.len() < tokens {
+        return Err(Error::InvalidRequest(format!(
+            "benchmark filler has {} tokens, {tokens} needed",
+            filler.len()
+        )));
+    }
+    let prompt = filler[..tokens].to_vec();
+    let transformer = model.transformer();
+    measure(format!("pp{tokens}"), tokens, repeats, || {
+        let mut cache = transformer.new_cache(1, tokens);
+        transformer.forward(std::slice::from_ref(&prompt), &mut cache)?;
+        Ok(())
+    })
+}
+
+/// Greedy decode of `tokens` tokens after a one-token prompt, end-of-turn ignored.
+pub fn bench_decode(
+    model: &LocalModel,
+    start: u32,
+    tokens: usize,
+    repeats: usize,
+) -> Result<BenchResult> {
+    let transformer = model.transformer();
+    measure(format!("tg{tokens}"), tokens, repeats, || {
+        let mut cache = transformer.new_cache(1, tokens + 1);
+        let mut next = start;
+        for _ in 0..tokens {
+            let logits = transformer.forward(&[vec![next]], &mut cache)?;
+            next = argmax(&logits.squeeze(0)?.to_vec1::<f32>()?);
+        }
+        Ok(())
+    })
+}
+
+fn measure(
+    test: String,
+    tokens: usize,
+    repeats: usize,
+    mut run: impl FnMut() -> Result<()>,
+) -> Result<BenchResult> {
+    reset_peak_rss();
+    let mut seconds = Vec::with_capacity(repeats);
+    for _ in 0..repeats.max(1) {
+        let start = Instant::now();
+        run()?;
+        seconds.push(start.elapsed().as_secs_f64());
+    }
+    let mut sorted = seconds.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    Ok(BenchResult {
+        test,
+        tokens,
+        seconds,
+        tokens_per_second: tokens as f64 / median,
+        peak_rss_bytes: peak_rss(),
+    })
+}
+
+/// Resets the kernel's peak-RSS mark for this process (Linux: `clear_refs` value 5).
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// Peak resident set size (VmHWM) in bytes, where the platform reports it.
+pub fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}

@@ -1,0 +1,36 @@
+//! The memagent engine: local inference on GGUF models with candle, and (in later
+//! layers) the memory-agent loop built on it.
+//!
+//! It owns model loading (weights, the tokenizer from the file's own metadata, the chat
+//! template), generation and its timings. It never prints and never reads configuration:
+//! callers pass paths and options, and get typed errors back.
+//!
+//! ```no_run
+//! use memagent_engine::{GenerateOptions, LoadOptions, LocalModel, Message};
+//!
+//! let model = LocalModel::load("models/SmolLM2-135M-Instruct.Q4_1.gguf".as_ref(), &LoadOptions::default())?;
+//! let reply = model.generate_chat(&[Message::user("What is the capital of France?")], &GenerateOptions::default())?;
+//! println!("{}", reply.text);
+//! # Ok::<(), memagent_engine::Error>(())
+//! ```
+
+pub mod bench;
+mod chat;
+mod device;
+mod error;
+mod gguf;
+mod model;
+mod models;
+mod sampling;
+mod tokenizer;
+
+pub use chat::{ChatTemplate, Message};
+pub use device::open_device;
+pub use error::{Error, Result};
+pub use gguf::{sha256_file, GgufFile};
+pub use model::{
+    GenerateOptions, Generation, LoadOptions, LocalModel, ModelInfo, StopReason, WeightPlan,
+};
+pub use models::{Architecture, Config, KvCache, Transformer};
+pub use sampling::{argmax, SamplingParams};
+pub use tokenizer::Tokenizer;

@@ -1,0 +1,287 @@
+//! A complete local model: weights, tokenizer and chat template from one GGUF file.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use candle_core::Device;
+use serde::Serialize;
+
+use crate::chat::{ChatTemplate, Message};
+use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
+use crate::models::{Config, Transformer};
+use crate::sampling::{Sampler, SamplingParams};
+use crate::tokenizer::Tokenizer;
+
+pub use crate::models::WeightPlan;
+
+/// How to load a model.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    pub device: Device,
+    pub weights: WeightPlan,
+    /// A `tokenizer.json` to use instead of the GGUF's own tokenizer.
+    pub tokenizer_json: Option<PathBuf>,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            device: Device::Cpu,
+            weights: WeightPlan {
+                dense_prefill: true,
+            },
+            tokenizer_json: None,
+        }
+    }
+}
+
+/// Limits and sampling of one generation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    pub sampling: SamplingParams,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        Self {
+            max_new_tokens: 256,
+            sampling: SamplingParams::default(),
+        }
+    }
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// The model produced an end-of-turn token (kept in `token_ids`, not in `text`).
+    EndOfTurn,
+    /// `max_new_tokens` were produced.
+    MaxTokens,
+}
+
+/// The result of one generation, with its cost.
+#[derive(Debug, Clone, Serialize)]
+pub struct Generation {
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub stop_reason: StopReason,
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
+}
+
+impl Generation {
+    pub fn prefill_tokens_per_second(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prefill_seconds.max(f64::EPSILON)
+    }
+
+    /// Tokens per second after the first one (which comes out of the prefill).
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        self.completion_tokens.saturating_sub(1) as f64 / self.decode_seconds.max(f64::EPSILON)
+    }
+}
+
+/// What a model file holds, for `memctl model info`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelInfo {
+    pub path: PathBuf,
+    pub name: Option<String>,
+    pub architecture: String,
+    pub parameters: usize,
+    pub quantization: Vec<(String, usize)>,
+    pub file_type: Option<usize>,
+    pub context_length: usize,
+    pub vocab_size: usize,
+    pub layers: usize,
+    pub embedding_length: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub chat_template: Option<String>,
+    pub file_bytes: u64,
+}
+
+impl ModelInfo {
+    /// Reads only the header of a GGUF file (no weights).
+    pub fn read(path: &Path) -> Result<Self> {
+        let gguf = GgufFile::open(path)?;
+        let config = Config::from_gguf(&gguf)?;
+        let file_bytes = std::fs::metadata(path)
+            .map_err(|source| Error::Io {
+                path: path.to_path_buf(),
+                source,
+            })?
+            .len();
+        Ok(Self {
+            path: path.to_path_buf(),
+            name: gguf.opt_string("general.name")?.map(str::to_string),
+            architecture: config.architecture.name().to_string(),
+            parameters: gguf.tensor_sizes().map(|(_, n)| n).sum(),
+            quantization: gguf.tensor_types(),
+            file_type: gguf.opt_usize("general.file_type")?,
+            context_length: config.context_length,
+            vocab_size: config.vocab_size,
+            layers: config.n_layer,
+            embedding_length: config.n_embd,
+            heads: config.n_head,
+            kv_heads: config.n_kv_head,
+            chat_template: gguf
+                .opt_string("tokenizer.chat_template")?
+                .map(str::to_string),
+            file_bytes,
+        })
+    }
+}
+
+/// A model ready to generate.
+pub struct LocalModel {
+    path: PathBuf,
+    name: String,
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    transformer: Transformer,
+}
+
+impl LocalModel {
+    pub fn load(path: &Path, options: &LoadOptions) -> Result<Self> {
+        let mut gguf = GgufFile::open(path)?;
+        let config = Config::from_gguf(&gguf)?;
+        let tokenizer = match &options.tokenizer_json {
+            Some(json) => Tokenizer::from_json_file(json)?,
+            None => Tokenizer::from_gguf(&gguf)?,
+        };
+        let source = gguf.opt_string("tokenizer.chat_template")?.ok_or_else(|| {
+            Error::Template(format!(
+                "{} has no tokenizer.chat_template; memagent needs a chat (instruct) model",
+                path.display()
+            ))
+        })?;
+        let template = ChatTemplate::new(source, tokenizer.bos_token(), tokenizer.eos_token())?;
+        let name = gguf
+            .opt_string("general.name")?
+            .map(str::to_string)
+            .unwrap_or_else(|| {
+                path.file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            });
+        tracing::debug!(?config, "loading {}", path.display());
+        let transformer = Transformer::load(&mut gguf, config, options.weights, &options.device)?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            name,
+            tokenizer,
+            template,
+            transformer,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn config(&self) -> &Config {
+        self.transformer.config()
+    }
+
+    pub fn context_length(&self) -> usize {
+        self.config().context_length
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    pub fn transformer(&self) -> &Transformer {
+        &self.transformer
+    }
+
+    pub fn chat_template(&self) -> &ChatTemplate {
+        &self.template
+    }
+
+    /// The conversation rendered by the model's chat template, ending where the reply begins.
+    pub fn chat_prompt(&self, messages: &[Message]) -> Result<String> {
+        self.template.render(messages, true)
+    }
+
+    /// Token ids of a rendered chat prompt (the template writes any BOS itself).
+    pub fn chat_prompt_ids(&self, messages: &[Message]) -> Result<Vec<u32>> {
+        self.tokenizer.encode(&self.chat_prompt(messages)?, false)
+    }
+
+    /// One assistant reply to `messages`.
+    pub fn generate_chat(
+        &self,
+        messages: &[Message],
+        options: &GenerateOptions,
+    ) -> Result<Generation> {
+        let ids = self.chat_prompt_ids(messages)?;
+        self.generate(&ids, options)
+    }
+
+    /// Continues `prompt` (token ids) until an end-of-turn token or `max_new_tokens`.
+    pub fn generate(&self, prompt: &[u32], options: &GenerateOptions) -> Result<Generation> {
+        if prompt.is_empty() {
+            return Err(Error::InvalidRequest(
+                "the prompt has no tokens".to_string(),
+            ));
+        }
+        let context = self.context_length();
+        let total = prompt.len() + options.max_new_tokens;
+        if total > context {
+            return Err(Error::ContextOverflow {
+                prompt: prompt.len(),
+                max_new: options.max_new_tokens,
+                total,
+                context,
+                over: total - context,
+            });
+        }
+        let mut sampler = Sampler::new(options.sampling);
+        let mut cache = self.transformer.new_cache(1, total);
+        let start = Instant::now();
+        let mut generated = Vec::new();
+        let mut stop_reason = StopReason::MaxTokens;
+        let mut prefill_seconds = 0.0;
+        if options.max_new_tokens > 0 {
+            let mut logits = self.transformer.forward(&[prompt.to_vec()], &mut cache)?;
+            prefill_seconds = start.elapsed().as_secs_f64();
+            loop {
+                let row: Vec<f32> = logits.squeeze(0)?.to_vec1()?;
+                let next = sampler.sample(&row);
+                generated.push(next);
+                if self.tokenizer.stop_ids().contains(&next) {
+                    stop_reason = StopReason::EndOfTurn;
+                    break;
+                }
+                if generated.len() >= options.max_new_tokens {
+                    break;
+                }
+                logits = self.transformer.forward(&[vec![next]], &mut cache)?;
+            }
+        }
+        let decode_seconds = start.elapsed().as_secs_f64() - prefill_seconds;
+        let text_ids: Vec<u32> = generated
+            .iter()
+            .copied()
+            .filter(|id| !self.tokenizer.stop_ids().contains(id))
+            .collect();
+        Ok(Generation {
+            text: self.tokenizer.decode(&text_ids)?,
+            completion_tokens: generated.len(),
+            token_ids: generated,
+            prompt_tokens: prompt.len(),
+            stop_reason,
+            prefill_seconds,
+            decode_seconds,
+        })
+    }
+}

@@ -1,0 +1,137 @@
+//! Decoder-only transformers loaded from GGUF: the shared block code lives in
+//! `transformer`, each architecture has a file that reads its configuration.
+
+mod attention;
+mod linear;
+mod llama;
+mod q4_1;
+mod qwen2;
+mod transformer;
+
+pub use linear::WeightPlan;
+pub use transformer::{KvCache, Transformer};
+
+use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
+
+/// The architectures this engine runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    /// Llama 2/3, SmolLM, and other `llama` GGUF files.
+    Llama,
+    /// Qwen2 and Qwen2.5 (and so the RL-MemoryAgent checkpoints).
+    Qwen2,
+}
+
+impl Architecture {
+    pub fn from_gguf(gguf: &GgufFile) -> Result<Self> {
+        match gguf.string("general.architecture")? {
+            "llama" => Ok(Self::Llama),
+            "qwen2" => Ok(Self::Qwen2),
+            other => Err(Error::UnsupportedArchitecture(other.to_string())),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Qwen2 => "qwen2",
+        }
+    }
+}
+
+/// Hyper-parameters of a model, read from GGUF metadata.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub architecture: Architecture,
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    pub n_ff: usize,
+    pub vocab_size: usize,
+    pub context_length: usize,
+    pub rope_theta: f32,
+    pub rms_eps: f32,
+    /// Rotary embedding on adjacent pairs (llama.cpp's "normal" rope, used for `llama`
+    /// files whose q/k weights were permuted at conversion) rather than on halves (NeoX).
+    pub rope_interleaved: bool,
+    /// q, k and v projections carry a bias (Qwen2).
+    pub qkv_bias: bool,
+}
+
+impl Config {
+    pub fn from_gguf(gguf: &GgufFile) -> Result<Self> {
+        let config = match Architecture::from_gguf(gguf)? {
+            Architecture::Llama => llama::config(gguf)?,
+            Architecture::Qwen2 => qwen2::config(gguf)?,
+        };
+        config.validate(gguf)?;
+        Ok(config)
+    }
+
+    /// Reads the keys every llama-like architecture stores under its own prefix.
+    fn read_common(gguf: &GgufFile, architecture: Architecture) -> Result<Self> {
+        let p = architecture.name();
+        let n_embd = gguf.usize(&format!("{p}.embedding_length"))?;
+        let n_head = gguf.usize(&format!("{p}.attention.head_count"))?;
+        let n_kv_head = gguf
+            .opt_usize(&format!("{p}.attention.head_count_kv"))?
+            .unwrap_or(n_head);
+        let head_dim = match gguf.opt_usize(&format!("{p}.attention.key_length"))? {
+            Some(d) => d,
+            None if n_head > 0 => n_embd / n_head,
+            None => 0,
+        };
+        let vocab_size = match gguf.opt_usize(&format!("{p}.vocab_size"))? {
+            Some(v) => v,
+            None => gguf.string_array("tokenizer.ggml.tokens")?.len(),
+        };
+        Ok(Self {
+            architecture,
+            n_layer: gguf.usize(&format!("{p}.block_count"))?,
+            n_embd,
+            n_head,
+            n_kv_head,
+            head_dim,
+            n_ff: gguf.usize(&format!("{p}.feed_forward_length"))?,
+            vocab_size,
+            context_length: gguf.usize(&format!("{p}.context_length"))?,
+            rope_theta: gguf
+                .opt_f32(&format!("{p}.rope.freq_base"))?
+                .unwrap_or(10_000.0),
+            rms_eps: gguf.f32(&format!("{p}.attention.layer_norm_rms_epsilon"))?,
+            rope_interleaved: false,
+            qkv_bias: false,
+        })
+    }
+
+    fn validate(&self, gguf: &GgufFile) -> Result<()> {
+        let bad = |what: String| Err(gguf.gguf_error(what));
+        if self.n_layer == 0 || self.n_embd == 0 || self.n_head == 0 || self.n_kv_head == 0 {
+            return bad(format!("model dimensions must be non-zero: {self:?}"));
+        }
+        if self.n_head % self.n_kv_head != 0 {
+            return bad(format!(
+                "head_count {} is not a multiple of head_count_kv {}",
+                self.n_head, self.n_kv_head
+            ));
+        }
+        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+            return bad(format!(
+                "head dimension {} must be even and non-zero",
+                self.head_dim
+            ));
+        }
+        if self.context_length == 0 {
+            return bad("context_length must be non-zero".to_string());
+        }
+        Ok(())
+    }
+
+    /// Bytes of key/value cache one token of context takes (f32).
+    pub fn kv_bytes_per_token(&self) -> usize {
+        2 * self.n_layer * self.n_kv_head * self.head_dim * std::mem::size_of::<f32>()
+    }
+}

@@ -1,0 +1,311 @@
+//! The decoder block shared by llama-like architectures (RMSNorm, rotary attention with
+//! grouped key/value heads, SwiGLU feed-forward), with a key/value cache that reaches the
+//! model's full context and a batch dimension throughout.
+
+use std::sync::Arc;
+
+use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::{DType, Device, Module, Tensor};
+
+use super::attention::causal_attention;
+use super::linear::{Linear, WeightPlan};
+use super::Config;
+use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
+
+/// Prompt tokens processed per forward pass during prefill: bounds activation memory
+/// whatever the prompt length (llama.cpp's default micro-batch is the same size).
+pub const PREFILL_CHUNK: usize = 512;
+
+struct Block {
+    attn_norm: Tensor,
+    wq: Linear,
+    wk: Linear,
+    wv: Linear,
+    wo: Linear,
+    ffn_norm: Tensor,
+    w_gate: Linear,
+    w_up: Linear,
+    w_down: Linear,
+}
+
+/// A loaded model's weights. Stateless: sequences keep their state in a [`KvCache`].
+pub struct Transformer {
+    config: Config,
+    embed: Arc<QTensor>,
+    blocks: Vec<Block>,
+    norm: Tensor,
+    lm_head: QMatMul,
+    cos: Tensor,
+    sin: Tensor,
+    device: Device,
+}
+
+/// Keys and values of every layer for a batch of sequences of equal length.
+pub struct KvCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+    batch: usize,
+    len: usize,
+    capacity: usize,
+}
+
+impl KvCache {
+    /// Tokens held per sequence.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    /// Appends this layer's new keys/values, growing the buffers when needed, and
+    /// returns views of all positions so far.
+    fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let t = k.dim(2)?;
+        let needed = self.len + t;
+        let (kc, vc) = match self.layers[layer].take() {
+            Some((kc, vc)) if kc.dim(2)? >= needed => (kc, vc),
+            old => {
+                let (b, h, _, d) = k.dims4()?;
+                let cap = needed.max(self.capacity);
+                let kc = Tensor::zeros((b, h, cap, d), k.dtype(), k.device())?;
+                let vc = Tensor::zeros((b, h, cap, d), v.dtype(), v.device())?;
+                if let Some((ok, ov)) = old {
+                    kc.slice_set(&ok.narrow(2, 0, self.len)?.contiguous()?, 2, 0)?;
+                    vc.slice_set(&ov.narrow(2, 0, self.len)?.contiguous()?, 2, 0)?;
+                }
+                (kc, vc)
+            }
+        };
+        kc.slice_set(&k.contiguous()?, 2, self.len)?;
+        vc.slice_set(&v.contiguous()?, 2, self.len)?;
+        let out = (kc.narrow(2, 0, needed)?, vc.narrow(2, 0, needed)?);
+        self.layers[layer] = Some((kc, vc));
+        Ok(out)
+    }
+}
+
+impl Transformer {
+    /// Loads the weights of a llama-like GGUF file onto `device`.
+    pub fn load(
+        gguf: &mut GgufFile,
+        config: Config,
+        plan: WeightPlan,
+        device: &Device,
+    ) -> Result<Self> {
+        let embed = Arc::new(gguf.tensor("token_embd.weight", device)?);
+        let (rows, cols) = embed.shape().dims2()?;
+        if rows != config.vocab_size || cols != config.n_embd {
+            return Err(gguf.gguf_error(format!(
+                "token_embd.weight has shape ({rows}, {cols}), expected ({}, {})",
+                config.vocab_size, config.n_embd
+            )));
+        }
+        let lm_head = if gguf.has_tensor("output.weight") {
+            QMatMul::from_qtensor(gguf.tensor("output.weight", device)?)?
+        } else {
+            QMatMul::from_arc(embed.clone())?
+        };
+        let norm = gguf
+            .tensor("output_norm.weight", device)?
+            .dequantize(device)?;
+        let mut blocks = Vec::with_capacity(config.n_layer);
+        for i in 0..config.n_layer {
+            let mut dense = |name: &str| -> Result<Tensor> {
+                Ok(gguf
+                    .tensor(&format!("blk.{i}.{name}"), device)?
+                    .dequantize(device)?)
+            };
+            let attn_norm = dense("attn_norm.weight")?;
+            let ffn_norm = dense("ffn_norm.weight")?;
+            let (bq, bk, bv) = if config.qkv_bias {
+                (
+                    Some(dense("attn_q.bias")?),
+                    Some(dense("attn_k.bias")?),
+                    Some(dense("attn_v.bias")?),
+                )
+            } else {
+                (None, None, None)
+            };
+            let mut linear = |name: &str, bias: Option<Tensor>| -> Result<Linear> {
+                let w = gguf.tensor(&format!("blk.{i}.{name}.weight"), device)?;
+                Linear::new(w, bias, plan, device)
+            };
+            blocks.push(Block {
+                attn_norm,
+                wq: linear("attn_q", bq)?,
+                wk: linear("attn_k", bk)?,
+                wv: linear("attn_v", bv)?,
+                wo: linear("attn_output", None)?,
+                ffn_norm,
+                w_gate: linear("ffn_gate", None)?,
+                w_up: linear("ffn_up", None)?,
+                w_down: linear("ffn_down", None)?,
+            });
+        }
+        let (cos, sin) = rope_tables(&config, device)?;
+        Ok(Self {
+            config,
+            embed,
+            blocks,
+            norm,
+            lm_head,
+            cos,
+            sin,
+            device: device.clone(),
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// An empty cache for `batch` sequences, with room reserved for `capacity` tokens each.
+    pub fn new_cache(&self, batch: usize, capacity: usize) -> KvCache {
+        KvCache {
+            layers: (0..self.config.n_layer).map(|_| None).collect(),
+            batch,
+            len: 0,
+            capacity: capacity.min(self.config.context_length),
+        }
+    }
+
+    /// Runs `ids` (b, t) after what `cache` holds and returns the logits of the last
+    /// position of each sequence, (b, vocab). Long inputs go through in chunks of
+    /// [`PREFILL_CHUNK`] tokens.
+    pub fn forward(&self, ids: &[Vec<u32>], cache: &mut KvCache) -> Result<Tensor> {
+        let b = ids.len();
+        let t = ids.first().map_or(0, Vec::len);
+        if b == 0 || t == 0 || ids.iter().any(|row| row.len() != t) {
+            return Err(Error::InvalidRequest(format!(
+                "a forward pass needs one or more sequences of the same non-zero length, got {:?}",
+                ids.iter().map(Vec::len).collect::<Vec<_>>()
+            )));
+        }
+        if b != cache.batch {
+            return Err(Error::InvalidRequest(format!(
+                "batch of {b} sequences given to a cache made for {}",
+                cache.batch
+            )));
+        }
+        if cache.len + t > self.config.context_length {
+            return Err(Error::ContextOverflow {
+                prompt: cache.len + t,
+                max_new: 0,
+                total: cache.len + t,
+                context: self.config.context_length,
+                over: cache.len + t - self.config.context_length,
+            });
+        }
+        if let Some(bad) = ids
+            .iter()
+            .flatten()
+            .find(|&&id| id as usize >= self.config.vocab_size)
+        {
+            return Err(Error::InvalidRequest(format!(
+                "token id {bad} is outside the vocabulary of {} tokens",
+                self.config.vocab_size
+            )));
+        }
+        let mut logits = None;
+        let mut start = 0;
+        while start < t {
+            let len = PREFILL_CHUNK.min(t - start);
+            let chunk: Vec<u32> = ids
+                .iter()
+                .flat_map(|row| row[start..start + len].iter().copied())
+                .collect();
+            let chunk = Tensor::from_vec(chunk, (b, len), &self.device)?;
+            logits = Some(self.forward_chunk(&chunk, cache, start + len == t)?);
+            start += len;
+        }
+        Ok(logits.flatten().expect("the last chunk returns logits"))
+    }
+
+    fn forward_chunk(
+        &self,
+        ids: &Tensor,
+        cache: &mut KvCache,
+        want_logits: bool,
+    ) -> Result<Option<Tensor>> {
+        let (b, t) = ids.dims2()?;
+        let cfg = &self.config;
+        let offset = cache.len;
+        let cos = self.cos.narrow(0, offset, t)?;
+        let sin = self.sin.narrow(0, offset, t)?;
+        let mut x = self.embed.embedding(ids)?;
+        for (i, block) in self.blocks.iter().enumerate() {
+            let h = candle_nn::ops::rms_norm(&x, &block.attn_norm, cfg.rms_eps)?;
+            let heads = |y: Tensor, n: usize| -> Result<Tensor> {
+                Ok(y.reshape((b, t, n, cfg.head_dim))?
+                    .transpose(1, 2)?
+                    .contiguous()?)
+            };
+            let q = heads(block.wq.forward(&h)?, cfg.n_head)?;
+            let k = heads(block.wk.forward(&h)?, cfg.n_kv_head)?;
+            let v = heads(block.wv.forward(&h)?, cfg.n_kv_head)?;
+            let (q, k) = if cfg.rope_interleaved {
+                (
+                    candle_nn::rotary_emb::rope_i(&q, &cos, &sin)?,
+                    candle_nn::rotary_emb::rope_i(&k, &cos, &sin)?,
+                )
+            } else {
+                (
+                    candle_nn::rotary_emb::rope(&q, &cos, &sin)?,
+                    candle_nn::rotary_emb::rope(&k, &cos, &sin)?,
+                )
+            };
+            // llama.cpp keeps keys and values in f16 and rounds queries to f16 for the
+            // products; rounding the same way keeps greedy choices at near-ties aligned.
+            let (q, k, v) = (round_f16(&q)?, round_f16(&k)?, round_f16(&v)?);
+            let (k, v) = cache.append(i, &k, &v)?;
+            let y = causal_attention(&q, &k, &v, offset)?;
+            let y = y
+                .transpose(1, 2)?
+                .reshape((b, t, cfg.n_head * cfg.head_dim))?;
+            x = (x + block.wo.forward(&y)?)?;
+            let h = candle_nn::ops::rms_norm(&x, &block.ffn_norm, cfg.rms_eps)?;
+            let gate = candle_nn::ops::silu(&block.w_gate.forward(&h)?)?;
+            let up = block.w_up.forward(&h)?;
+            x = (x + block.w_down.forward(&(gate * up)?)?)?;
+        }
+        cache.len += t;
+        if !want_logits {
+            return Ok(None);
+        }
+        let last = x.narrow(1, t - 1, 1)?.contiguous()?;
+        let last = candle_nn::ops::rms_norm(&last, &self.norm, cfg.rms_eps)?;
+        let logits = self.lm_head.forward(&last)?;
+        Ok(Some(
+            logits.reshape((b, cfg.vocab_size))?.to_dtype(DType::F32)?,
+        ))
+    }
+}
+
+fn round_f16(t: &Tensor) -> Result<Tensor> {
+    Ok(t.to_dtype(DType::F16)?.to_dtype(DType::F32)?)
+}
+
+/// Cosine and sine tables for every position of the model's context.
+fn rope_tables(cfg: &Config, device: &Device) -> Result<(Tensor, Tensor)> {
+    let half = cfg.head_dim / 2;
+    let inv_freq: Vec<f32> = (0..half)
+        .map(|i| 1.0 / cfg.rope_theta.powf(2.0 * i as f32 / cfg.head_dim as f32))
+        .collect();
+    let n = cfg.context_length;
+    let mut angles = Vec::with_capacity(n * half);
+    for pos in 0..n {
+        angles.extend(inv_freq.iter().map(|f| pos as f32 * f));
+    }
+    let angles = Tensor::from_vec(angles, (n, half), device)?;
+    Ok((angles.cos()?, angles.sin()?))
+}
