@@ -1,0 +1,42 @@
+use std::io::Write;
+
+use anyhow::Result;
+use memagent_engine::{GenerateOptions, Message, SamplingParams};
+
+use crate::cli::{GenerateArgs, GlobalArgs};
+
+pub fn run(global: &GlobalArgs, args: &GenerateArgs) -> Result<()> {
+    let model = super::load_model(global)?;
+    let mut messages = Vec::new();
+    if let Some(system) = &args.system {
+        messages.push(Message::system(system.clone()));
+    }
+    messages.push(Message::user(args.prompt.clone()));
+    let options = GenerateOptions {
+        max_new_tokens: args.max_tokens,
+        sampling: SamplingParams {
+            temperature: args.sampling.temperature,
+            top_p: args.sampling.top_p,
+            seed: args.sampling.seed,
+        },
+    };
+    let reply = model.generate_chat(&messages, &options)?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &reply)?;
+        writeln!(out)?;
+    } else {
+        writeln!(out, "{}", reply.text)?;
+    }
+    tracing::info!(
+        "{} prompt tokens in {:.2}s ({:.0} tok/s), {} new tokens in {:.2}s ({:.1} tok/s), stop: {:?}",
+        reply.prompt_tokens,
+        reply.prefill_seconds,
+        reply.prefill_tokens_per_second(),
+        reply.completion_tokens,
+        reply.decode_seconds,
+        reply.decode_tokens_per_second(),
+        reply.stop_reason
+    );
+    Ok(())
+}

@@ -1,0 +1,20 @@
+//! Diagnostics on stderr through `tracing`; `RUST_LOG` overrides `-v`/`-q`.
+
+use tracing_subscriber::EnvFilter;
+
+pub fn init(verbose: u8, quiet: bool) {
+    let level = match (quiet, verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn",
+        (false, 1) => "info",
+        (false, 2) => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(format!("memctl={level},memagent_engine={level}")));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}

@@ -1,0 +1,31 @@
+//! `memctl`: the command-line interface of memagent.
+
+mod cli;
+mod commands;
+mod logging;
+mod settings;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    // candle asks for its thread count on every matmul and, without this variable, counts
+    // physical cores by parsing /proc/cpuinfo each time: pin it once, before any thread.
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    }
+    let cli = cli::Cli::parse();
+    logging::init(cli.global.verbose, cli.global.quiet);
+    match commands::run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            if commands::is_broken_pipe(&err) {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

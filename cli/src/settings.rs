@@ -1,0 +1,98 @@
+//! Resolution of flags, environment and the configuration file into settings.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+use crate::cli::GlobalArgs;
+
+/// File name of the default model, as `scripts/fetch-model` installs it.
+pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// The configuration file (TOML). Every key is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// Path of the GGUF model.
+    pub model: Option<PathBuf>,
+}
+
+impl ConfigFile {
+    fn load(explicit: Option<&Path>) -> Result<Self> {
+        let path = match explicit {
+            Some(p) => p.to_path_buf(),
+            None => match dirs::config_dir() {
+                Some(dir) => dir.join("memagent").join("config.toml"),
+                None => return Ok(Self::default()),
+            },
+        };
+        match std::fs::read_to_string(&path) {
+            Ok(text) => toml::from_str(&text)
+                .with_context(|| format!("invalid configuration file {}", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && explicit.is_none() => {
+                Ok(Self::default())
+            }
+            Err(e) => {
+                Err(e).with_context(|| format!("cannot read configuration file {}", path.display()))
+            }
+        }
+    }
+}
+
+/// Finds the model: `--model`, then `MEMAGENT_MODEL`, then the config file, then the
+/// default file in `./models`, beside the executable's checkout, or the user data folder.
+pub fn model_path(global: &GlobalArgs) -> Result<PathBuf> {
+    let chosen = match &global.model {
+        Some(p) => Some((p.clone(), "--model")),
+        None => match std::env::var_os("MEMAGENT_MODEL").filter(|v| !v.is_empty()) {
+            Some(p) => Some((PathBuf::from(p), "MEMAGENT_MODEL")),
+            None => ConfigFile::load(global.config.as_deref())?
+                .model
+                .map(|p| (p, "the configuration file")),
+        },
+    };
+    if let Some((path, source)) = chosen {
+        if !path.is_file() {
+            bail!(
+                "model not found at {} (from {source}); check the path",
+                path.display()
+            );
+        }
+        return Ok(path);
+    }
+    let candidates = default_model_candidates();
+    if let Some(found) = candidates.iter().find(|p| p.is_file()) {
+        return Ok(found.clone());
+    }
+    let looked: Vec<String> = candidates.iter().map(|p| p.display().to_string()).collect();
+    bail!(
+        "model not found (looked in {}); run scripts/fetch-model in the memagent checkout, \
+         or pass --model PATH",
+        looked.join(", ")
+    )
+}
+
+fn default_model_candidates() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(cwd) = std::env::current_dir() {
+        out.push(cwd.join("models").join(DEFAULT_MODEL_FILE));
+    }
+    // target/{debug,release}/memctl inside a checkout: the checkout's models/ folder.
+    if let Ok(exe) = std::env::current_exe() {
+        for dir in exe.ancestors().skip(1).take(4) {
+            let p = dir.join("models").join(DEFAULT_MODEL_FILE);
+            if !out.contains(&p) {
+                out.push(p);
+            }
+        }
+    }
+    if let Some(data) = dirs::data_dir() {
+        out.push(
+            data.join("memagent")
+                .join("models")
+                .join(DEFAULT_MODEL_FILE),
+        );
+    }
+    out
+}

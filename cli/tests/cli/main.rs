@@ -1,0 +1,141 @@
+//! `memctl` run as a real process on the real default model.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn model_path() -> PathBuf {
+    std::env::var_os("MEMAGENT_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        })
+}
+
+fn memctl(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memctl"))
+        .args(args)
+        .env_remove("MEMAGENT_MODEL")
+        .env("MEMAGENT_CONFIG", "/nonexistent/memagent-test-config.toml")
+        .output()
+        .expect("run memctl")
+}
+
+fn with_model(args: &[&str]) -> Output {
+    let model = model_path();
+    let mut all = vec!["--model", model.to_str().unwrap()];
+    all.extend_from_slice(args);
+    // The explicit config path must not be needed when --model is given.
+    Command::new(env!("CARGO_BIN_EXE_memctl"))
+        .args(&all)
+        .env_remove("MEMAGENT_MODEL")
+        .env_remove("MEMAGENT_CONFIG")
+        .output()
+        .expect("run memctl")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn help_lists_the_commands() {
+    let o = memctl(&["--help"]);
+    assert!(o.status.success());
+    for cmd in ["generate", "model", "tokenize", "bench"] {
+        assert!(
+            stdout(&o).contains(cmd),
+            "{cmd} missing from help:\n{}",
+            stdout(&o)
+        );
+    }
+    let o = memctl(&["frobnicate"]);
+    assert_eq!(o.status.code(), Some(2), "usage errors exit 2");
+}
+
+#[test]
+fn tokenize_prints_llama_cpp_ids() {
+    let o = with_model(&["tokenize", "Hello world!"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), "19556 905 17");
+    let o = with_model(&["tokenize", "--json", "<|im_start|>user"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["ids"], serde_json::json!([1, 4093]));
+    assert_eq!(v["tokens"][0], "<|im_start|>");
+}
+
+#[test]
+fn model_info_describes_the_default_model() {
+    let o = with_model(&["model", "info", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["architecture"], "llama");
+    assert_eq!(v["context_length"], 8192);
+    assert_eq!(v["vocab_size"], 49152);
+    assert_eq!(v["layers"], 30);
+    assert_eq!(
+        v["sha256"],
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    );
+    assert!(v["parameters"].as_u64().unwrap() > 100_000_000);
+    assert!(v["chat_template"]
+        .as_str()
+        .unwrap()
+        .contains("<|im_start|>"));
+    let text = stdout(&with_model(&["model", "info"]));
+    assert!(text.contains("Q4_1"), "{text}");
+}
+
+#[test]
+fn generate_answers_a_prompt() {
+    let o = with_model(&[
+        "generate",
+        "--prompt",
+        "What is the capital of France? Answer in one word.",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), "The capital of France is Paris.");
+    let o = with_model(&[
+        "generate",
+        "-p",
+        "Write one sentence about the sea.",
+        "--max-tokens",
+        "5",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["completion_tokens"], 5);
+    assert_eq!(v["stop_reason"], "max_tokens");
+    assert!(v["prompt_tokens"].as_u64().unwrap() > 20);
+}
+
+#[test]
+fn bad_input_gets_a_clear_error() {
+    let o = memctl(&["--model", "/nonexistent/x.gguf", "generate", "-p", "hi"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("model not found at /nonexistent/x.gguf"),
+        "{}",
+        stderr(&o)
+    );
+
+    let o = with_model(&["--device", "cuda", "generate", "-p", "hi"]);
+    assert_eq!(o.status.code(), Some(1));
+    if !cfg!(feature = "cuda") {
+        assert!(stderr(&o).contains("--features cuda"), "{}", stderr(&o));
+    }
+
+    let long = "word ".repeat(9000);
+    let o = with_model(&["generate", "-p", &long, "--max-tokens", "10"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("does not fit the model's context"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+}
