@@ -2,7 +2,7 @@
 //! prefill: a GEMM over many rows is far faster than per-row quantized dot products,
 //! while decode (one row) is bound by the bytes of weights read.
 
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{Device, Module, Tensor};
 
 use super::q4_1::Q4_1Matrix;
@@ -54,6 +54,34 @@ impl Linear {
         })
     }
 
+    /// One layer computing several projections of the same input: the weights are stacked
+    /// along the output dimension, so one matmul (and one pass over the input) serves all.
+    pub(crate) fn fused(
+        parts: Vec<(QTensor, Option<Tensor>)>,
+        plan: WeightPlan,
+        device: &Device,
+    ) -> Result<Self> {
+        let has_bias = parts.iter().any(|(_, b)| b.is_some());
+        let bias = if has_bias {
+            let biases = parts
+                .iter()
+                .map(|(w, b)| match b {
+                    Some(b) => Ok(b.clone()),
+                    None => Ok(Tensor::zeros(
+                        w.shape().dims()[0],
+                        candle_core::DType::F32,
+                        device,
+                    )?),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Some(Tensor::cat(&biases, 0)?)
+        } else {
+            None
+        };
+        let weights: Vec<QTensor> = parts.into_iter().map(|(w, _)| w).collect();
+        Self::new(stack_rows(weights, device)?, bias, plan, device)
+    }
+
     /// `x`: (..., k) -> (..., n).
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let dims = x.dims().to_vec();
@@ -76,6 +104,34 @@ impl Linear {
             None => y,
         })
     }
+}
+
+/// Stacks quantized matrices of one type and row length into one (n1 + n2 + ..., k).
+fn stack_rows(mut weights: Vec<QTensor>, device: &Device) -> Result<QTensor> {
+    if weights.len() == 1 {
+        return Ok(weights.pop().expect("one weight"));
+    }
+    let dtype = weights[0].dtype();
+    let k = weights[0].shape().dims2()?.1;
+    let same = weights
+        .iter()
+        .all(|w| w.dtype() == dtype && w.shape().dims2().map(|d| d.1).ok() == Some(k));
+    if same && device.is_cpu() {
+        let mut n = 0;
+        let mut data = Vec::new();
+        for w in &weights {
+            n += w.shape().dims2()?.0;
+            data.extend_from_slice(&w.data()?);
+        }
+        let storage = QStorage::from_data(std::borrow::Cow::Owned(data), device, dtype)?;
+        return Ok(QTensor::new(storage, (n, k))?);
+    }
+    // Mixed types (or a GPU): through f32, then back to the first part's type.
+    let dense = weights
+        .iter()
+        .map(|w| Ok(w.dequantize(device)?))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(QTensor::quantize(&Tensor::cat(&dense, 0)?, dtype)?)
 }
 
 fn q4_1_matrix(weight: &QTensor, device: &Device) -> Result<Option<Q4_1Matrix>> {

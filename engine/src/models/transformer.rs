@@ -19,13 +19,12 @@ pub const PREFILL_CHUNK: usize = 512;
 
 struct Block {
     attn_norm: Tensor,
-    wq: Linear,
-    wk: Linear,
-    wv: Linear,
+    /// q, k and v projections stacked: one matmul gives (..., q | k | v).
+    wqkv: Linear,
     wo: Linear,
     ffn_norm: Tensor,
-    w_gate: Linear,
-    w_up: Linear,
+    /// gate and up projections stacked: one matmul gives (..., gate | up).
+    w_gate_up: Linear,
     w_down: Linear,
 }
 
@@ -132,20 +131,21 @@ impl Transformer {
             } else {
                 (None, None, None)
             };
-            let mut linear = |name: &str, bias: Option<Tensor>| -> Result<Linear> {
-                let w = gguf.tensor(&format!("blk.{i}.{name}.weight"), device)?;
-                Linear::new(w, bias, plan, device)
-            };
+            let mut weight = |name: &str| gguf.tensor(&format!("blk.{i}.{name}.weight"), device);
+            let qkv = vec![
+                (weight("attn_q")?, bq),
+                (weight("attn_k")?, bk),
+                (weight("attn_v")?, bv),
+            ];
+            let gate_up = vec![(weight("ffn_gate")?, None), (weight("ffn_up")?, None)];
+            let (wo, w_down) = (weight("attn_output")?, weight("ffn_down")?);
             blocks.push(Block {
                 attn_norm,
-                wq: linear("attn_q", bq)?,
-                wk: linear("attn_k", bk)?,
-                wv: linear("attn_v", bv)?,
-                wo: linear("attn_output", None)?,
+                wqkv: Linear::fused(qkv, plan, device)?,
+                wo: Linear::new(wo, None, plan, device)?,
                 ffn_norm,
-                w_gate: linear("ffn_gate", None)?,
-                w_up: linear("ffn_up", None)?,
-                w_down: linear("ffn_down", None)?,
+                w_gate_up: Linear::fused(gate_up, plan, device)?,
+                w_down: Linear::new(w_down, None, plan, device)?,
             });
         }
         let (cos, sin) = rope_tables(&config, device)?;
@@ -245,14 +245,19 @@ impl Transformer {
         let mut x = self.embed.embedding(ids)?;
         for (i, block) in self.blocks.iter().enumerate() {
             let h = candle_nn::ops::rms_norm(&x, &block.attn_norm, cfg.rms_eps)?;
-            let heads = |y: Tensor, n: usize| -> Result<Tensor> {
-                Ok(y.reshape((b, t, n, cfg.head_dim))?
+            let qkv = block.wqkv.forward(&h)?;
+            let nq = cfg.n_head * cfg.head_dim;
+            let nkv = cfg.n_kv_head * cfg.head_dim;
+            let heads = |from: usize, n: usize| -> Result<Tensor> {
+                Ok(qkv
+                    .narrow(2, from, n * cfg.head_dim)?
+                    .reshape((b, t, n, cfg.head_dim))?
                     .transpose(1, 2)?
                     .contiguous()?)
             };
-            let q = heads(block.wq.forward(&h)?, cfg.n_head)?;
-            let k = heads(block.wk.forward(&h)?, cfg.n_kv_head)?;
-            let v = heads(block.wv.forward(&h)?, cfg.n_kv_head)?;
+            let q = heads(0, cfg.n_head)?;
+            let k = heads(nq, cfg.n_kv_head)?;
+            let v = heads(nq + nkv, cfg.n_kv_head)?;
             let (q, k) = if cfg.rope_interleaved {
                 (
                     candle_nn::rotary_emb::rope_i(&q, &cos, &sin)?,
@@ -274,9 +279,8 @@ impl Transformer {
                 .reshape((b, t, cfg.n_head * cfg.head_dim))?;
             x = (x + block.wo.forward(&y)?)?;
             let h = candle_nn::ops::rms_norm(&x, &block.ffn_norm, cfg.rms_eps)?;
-            let gate = candle_nn::ops::silu(&block.w_gate.forward(&h)?)?;
-            let up = block.w_up.forward(&h)?;
-            x = (x + block.w_down.forward(&(gate * up)?)?)?;
+            let ff = candle_nn::ops::swiglu(&block.w_gate_up.forward(&h)?)?;
+            x = (x + block.w_down.forward(&ff)?)?;
         }
         cache.len += t;
         if !want_logits {

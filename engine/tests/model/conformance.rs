@@ -95,7 +95,9 @@ fn reference_tokens_are_our_first_choice_or_a_near_tie() {
         let expected = ids(&case["completion_ids"]);
         let n = expected.len().min(16);
         let mut cache = t.new_cache(1, prompt.len() + n);
-        let mut logits = t.forward(std::slice::from_ref(&prompt), &mut cache).unwrap();
+        let mut logits = t
+            .forward(std::slice::from_ref(&prompt), &mut cache)
+            .unwrap();
         let mut exact = 0;
         for (step, &want) in expected[..n].iter().enumerate() {
             let row: Vec<f32> = logits.squeeze(0).unwrap().to_vec1().unwrap();
