@@ -295,8 +295,40 @@ impl Transformer {
     }
 }
 
+/// `t` with every value rounded to the nearest f16 (in place on CPU; `t` is a fresh
+/// contiguous tensor owned by the caller's step).
 fn round_f16(t: &Tensor) -> Result<Tensor> {
-    Ok(t.to_dtype(DType::F16)?.to_dtype(DType::F32)?)
+    if t.device().is_cpu() && t.is_contiguous() {
+        t.inplace_op1(&RoundF16)?;
+        Ok(t.clone())
+    } else {
+        Ok(t.to_dtype(DType::F16)?.to_dtype(DType::F32)?)
+    }
+}
+
+struct RoundF16;
+
+impl candle_core::InplaceOp1 for RoundF16 {
+    fn name(&self) -> &'static str {
+        "round-f16"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &mut candle_core::CpuStorage,
+        layout: &candle_core::Layout,
+    ) -> candle_core::Result<()> {
+        let candle_core::CpuStorage::F32(data) = storage else {
+            candle_core::bail!("round-f16 expects f32")
+        };
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("round-f16 expects a contiguous tensor")
+        };
+        for v in &mut data[start..end] {
+            *v = half::f16::from_f32(*v).to_f32();
+        }
+        Ok(())
+    }
 }
 
 /// Cosine and sine tables for every position of the model's context.
