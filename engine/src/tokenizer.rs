@@ -181,6 +181,13 @@ impl Tokenizer {
         })
     }
 
+    /// Writes the tokenizer as a Hugging Face `tokenizer.json`.
+    pub fn save_json(&self, path: &Path) -> Result<()> {
+        self.inner
+            .save(path, false)
+            .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))
+    }
+
     /// Token ids of `text`. Special-token texts (such as `<|im_start|>`) become their ids.
     /// A BOS token is prepended only when `add_bos` is set and the model asks for one.
     pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>> {

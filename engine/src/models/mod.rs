@@ -129,9 +129,4 @@ impl Config {
         }
         Ok(())
     }
-
-    /// Bytes of key/value cache one token of context takes (f32).
-    pub fn kv_bytes_per_token(&self) -> usize {
-        2 * self.n_layer * self.n_kv_head * self.head_dim * std::mem::size_of::<f32>()
-    }
 }

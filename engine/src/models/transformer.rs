@@ -295,8 +295,9 @@ impl Transformer {
     }
 }
 
-/// `t` with every value rounded to the nearest f16 (in place on CPU; `t` is a fresh
-/// contiguous tensor owned by the caller's step).
+/// `t` with every value rounded to the nearest f16, in place on CPU. Callers pass
+/// tensors made in the current step whose storage nothing else reads afterwards (for a
+/// single token, `v` may still share the fused q/k/v output, which is dead by then).
 fn round_f16(t: &Tensor) -> Result<Tensor> {
     if t.device().is_cpu() && t.is_contiguous() {
         t.inplace_op1(&RoundF16)?;

@@ -16,6 +16,26 @@ fn tokenizer_ids_equal_llama_cpp_for_every_text() {
     }
 }
 
+/// The GGUF-built tokenizer written as tokenizer.json and read back gives the same ids:
+/// the `--tokenizer tokenizer.json` path.
+#[test]
+fn tokenizer_json_round_trip_keeps_ids() {
+    let tokenizer = model().tokenizer();
+    let path = std::env::temp_dir().join(format!("memagent-tokenizer-{}.json", std::process::id()));
+    tokenizer.save_json(&path).unwrap();
+    let reread = memagent_engine::Tokenizer::from_json_file(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    for case in reference()["tokenize"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        assert_eq!(
+            reread.encode(text, false).unwrap(),
+            ids(&case["ids"]),
+            "{text:?}"
+        );
+    }
+    assert!(reread.stop_ids().contains(&2));
+}
+
 fn messages(value: &serde_json::Value) -> Vec<Message> {
     value
         .as_array()
