@@ -41,6 +41,16 @@ pub enum Error {
     UnknownDevice(String),
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    #[error("token budget: {0}")]
+    Budget(String),
+    #[error("remote backend: {0}")]
+    Remote(String),
+    #[error("remote backend: {url} answered {status}: {message}")]
+    RemoteStatus {
+        url: String,
+        status: u16,
+        message: String,
+    },
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }

@@ -14,10 +14,12 @@
 //! # Ok::<(), memagent_engine::Error>(())
 //! ```
 
+pub mod agent;
 pub mod bench;
 mod chat;
 mod device;
 mod error;
+pub mod eval;
 mod gguf;
 mod model;
 mod models;

@@ -20,8 +20,8 @@ pub use crate::models::WeightPlan;
 pub struct LoadOptions {
     pub device: Device,
     pub weights: WeightPlan,
-    /// A `tokenizer.json` to use instead of the GGUF's own tokenizer.
-    pub tokenizer_json: Option<PathBuf>,
+    /// A tokenizer (`tokenizer.json`, or another GGUF file) to use instead of the file's own.
+    pub tokenizer: Option<PathBuf>,
 }
 
 impl Default for LoadOptions {
@@ -31,7 +31,7 @@ impl Default for LoadOptions {
             weights: WeightPlan {
                 dense_prefill: true,
             },
-            tokenizer_json: None,
+            tokenizer: None,
         }
     }
 }
@@ -41,6 +41,9 @@ impl Default for LoadOptions {
 pub struct GenerateOptions {
     pub max_new_tokens: usize,
     pub sampling: SamplingParams,
+    /// Stop when the last this many generated tokens already occurred earlier in the
+    /// reply (a degenerate loop), dropping the repeated tail. `None` never stops early.
+    pub stop_on_repeat: Option<usize>,
 }
 
 impl Default for GenerateOptions {
@@ -48,6 +51,7 @@ impl Default for GenerateOptions {
         Self {
             max_new_tokens: 256,
             sampling: SamplingParams::default(),
+            stop_on_repeat: None,
         }
     }
 }
@@ -60,6 +64,9 @@ pub enum StopReason {
     EndOfTurn,
     /// `max_new_tokens` were produced.
     MaxTokens,
+    /// The reply started repeating itself (see [`GenerateOptions::stop_on_repeat`]); the
+    /// repeated tokens were dropped.
+    Repetition,
 }
 
 /// The result of one generation, with its cost.
@@ -140,6 +147,7 @@ impl ModelInfo {
 pub struct LocalModel {
     path: PathBuf,
     name: String,
+    parameters: usize,
     tokenizer: Tokenizer,
     template: ChatTemplate,
     transformer: Transformer,
@@ -149,8 +157,8 @@ impl LocalModel {
     pub fn load(path: &Path, options: &LoadOptions) -> Result<Self> {
         let mut gguf = GgufFile::open(path)?;
         let config = Config::from_gguf(&gguf)?;
-        let tokenizer = match &options.tokenizer_json {
-            Some(json) => Tokenizer::from_json_file(json)?,
+        let tokenizer = match &options.tokenizer {
+            Some(file) => Tokenizer::from_file(file)?,
             None => Tokenizer::from_gguf(&gguf)?,
         };
         let source = gguf.opt_string("tokenizer.chat_template")?.ok_or_else(|| {
@@ -168,11 +176,13 @@ impl LocalModel {
                     .map(|s| s.to_string_lossy().into_owned())
                     .unwrap_or_default()
             });
+        let parameters = gguf.tensor_sizes().map(|(_, n)| n).sum();
         tracing::debug!(?config, "loading {}", path.display());
         let transformer = Transformer::load(&mut gguf, config, options.weights, &options.device)?;
         Ok(Self {
             path: path.to_path_buf(),
             name,
+            parameters,
             tokenizer,
             template,
             transformer,
@@ -185,6 +195,11 @@ impl LocalModel {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Number of weights in the file.
+    pub fn parameters(&self) -> usize {
+        self.parameters
     }
 
     pub fn config(&self) -> &Config {
@@ -262,6 +277,14 @@ impl LocalModel {
                     stop_reason = StopReason::EndOfTurn;
                     break;
                 }
+                if let Some(keep) = options
+                    .stop_on_repeat
+                    .and_then(|span| repeated_tail(&generated, span))
+                {
+                    generated.truncate(keep);
+                    stop_reason = StopReason::Repetition;
+                    break;
+                }
                 if generated.len() >= options.max_new_tokens {
                     break;
                 }
@@ -283,5 +306,36 @@ impl LocalModel {
             prefill_seconds,
             decode_seconds,
         })
+    }
+}
+
+/// When the last `span` tokens of `tokens` already occur earlier in it, the length to keep
+/// (everything before that repeated tail).
+fn repeated_tail(tokens: &[u32], span: usize) -> Option<usize> {
+    let len = tokens.len();
+    if span == 0 || len < 2 * span {
+        return None;
+    }
+    let keep = len - span;
+    let tail = &tokens[keep..];
+    tokens[..len - 1]
+        .windows(span)
+        .take(keep)
+        .any(|w| w == tail)
+        .then_some(keep)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::repeated_tail;
+
+    #[test]
+    fn repeated_tail_finds_loops_only() {
+        assert_eq!(repeated_tail(&[1, 2, 3, 4, 1, 2, 3], 3), Some(4));
+        assert_eq!(repeated_tail(&[1, 2, 3, 4, 5, 6, 7], 3), None);
+        // A period shorter than the span still counts.
+        assert_eq!(repeated_tail(&[9, 1, 1, 1, 1, 1], 2), Some(4));
+        assert_eq!(repeated_tail(&[1, 2], 2), None);
+        assert_eq!(repeated_tail(&[1, 2, 1, 2], 0), None);
     }
 }

@@ -157,6 +157,21 @@ impl Tokenizer {
         })
     }
 
+    /// The tokenizer of a GGUF model file (read from its metadata, without the weights)
+    /// or of a Hugging Face `tokenizer.json`, told apart by the file's magic bytes.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let mut magic = [0u8; 4];
+        let is_gguf = std::fs::File::open(path)
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+            .map(|()| &magic == b"GGUF")
+            .unwrap_or(false);
+        if is_gguf {
+            Self::from_gguf(&crate::gguf::GgufFile::open(path)?)
+        } else {
+            Self::from_json_file(path)
+        }
+    }
+
     /// Reads a Hugging Face `tokenizer.json`.
     pub fn from_json_file(path: &Path) -> Result<Self> {
         let inner = tokenizers::Tokenizer::from_file(path)

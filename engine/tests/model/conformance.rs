@@ -19,7 +19,7 @@ fn tokenizer_ids_equal_llama_cpp_for_every_text() {
 /// The GGUF-built tokenizer written as tokenizer.json and read back gives the same ids:
 /// the `--tokenizer tokenizer.json` path.
 #[test]
-fn tokenizer_json_round_trip_keeps_ids() {
+fn tokenizer_round_trip_keeps_ids() {
     let tokenizer = model().tokenizer();
     let path = std::env::temp_dir().join(format!("memagent-tokenizer-{}.json", std::process::id()));
     tokenizer.save_json(&path).unwrap();

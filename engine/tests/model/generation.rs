@@ -32,6 +32,7 @@ fn seeded_sampling_repeats_and_differs_from_other_seeds() {
                 top_p: 0.95,
                 seed,
             },
+            ..GenerateOptions::default()
         };
         model().generate_chat(&messages, &opts).unwrap().token_ids
     };

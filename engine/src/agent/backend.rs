@@ -1,0 +1,81 @@
+//! Where the memory agent's tokens come from: a backend answers one user message, a
+//! text tokenizer cuts documents into chunks. The local model is both; a remote
+//! OpenAI-compatible server is a backend paired with a local or server-side tokenizer.
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::chat::Message;
+use crate::error::Result;
+use crate::model::{GenerateOptions, LocalModel, StopReason};
+use crate::tokenizer::Tokenizer;
+
+/// One reply of a backend, with its cost.
+#[derive(Debug, Clone, Serialize)]
+pub struct Completion {
+    pub text: String,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub stop_reason: StopReason,
+    pub seconds: f64,
+}
+
+/// Generates one assistant reply to a single user message (each MemAgent step is an
+/// independent one-message conversation, wrapped in the model's own chat template).
+pub trait Backend {
+    /// The model's name, for records and messages.
+    fn model_name(&self) -> String;
+
+    /// The model's context window in tokens, when known.
+    fn context_length(&self) -> Option<usize>;
+
+    /// Prompt tokens of `user_message` wrapped in the chat template, when the backend
+    /// can count them exactly.
+    fn chat_prompt_tokens(&self, user_message: &str) -> Result<Option<usize>>;
+
+    fn complete(&self, user_message: &str, options: &GenerateOptions) -> Result<Completion>;
+}
+
+/// Token ids of plain text and back, for cutting documents into chunks.
+pub trait TextTokenizer {
+    fn encode(&self, text: &str) -> Result<Vec<u32>>;
+    fn decode(&self, ids: &[u32]) -> Result<String>;
+}
+
+impl TextTokenizer for Tokenizer {
+    fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        Tokenizer::encode(self, text, false)
+    }
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        Tokenizer::decode(self, ids)
+    }
+}
+
+impl Backend for LocalModel {
+    fn model_name(&self) -> String {
+        self.name().to_string()
+    }
+
+    fn context_length(&self) -> Option<usize> {
+        Some(LocalModel::context_length(self))
+    }
+
+    fn chat_prompt_tokens(&self, user_message: &str) -> Result<Option<usize>> {
+        Ok(Some(
+            self.chat_prompt_ids(&[Message::user(user_message)])?.len(),
+        ))
+    }
+
+    fn complete(&self, user_message: &str, options: &GenerateOptions) -> Result<Completion> {
+        let start = Instant::now();
+        let reply = self.generate_chat(&[Message::user(user_message)], options)?;
+        Ok(Completion {
+            text: reply.text,
+            prompt_tokens: reply.prompt_tokens,
+            completion_tokens: reply.completion_tokens,
+            stop_reason: reply.stop_reason,
+            seconds: start.elapsed().as_secs_f64(),
+        })
+    }
+}

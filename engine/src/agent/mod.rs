@@ -1,0 +1,418 @@
+//! The memory agent (MemAgent): read a document chunk by chunk, rewrite a bounded memory
+//! after each chunk, answer from the memory alone.
+//!
+//! The loop is independent of where tokens come from: a [`Backend`] answers one user
+//! message, a [`TextTokenizer`] cuts the document. Each step is exposed on its own
+//! ([`MemoryAgent::update`], [`MemoryAgent::answer`]) so that callers which persist
+//! memories between steps can drive it chunk by chunk.
+
+mod backend;
+mod protocol;
+mod remote;
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::model::{GenerateOptions, StopReason};
+use crate::sampling::SamplingParams;
+
+pub use backend::{Backend, Completion, TextTokenizer};
+pub use protocol::{
+    extract_answer, memory_text, FinalForm, Template, DIRECT_BOXED, DIRECT_EVAL, FINAL_BOXED,
+    FINAL_EVAL, NO_MEMORY, UPDATE,
+};
+pub use remote::{OpenAiBackend, RemoteOptions, RemoteTokenizer};
+
+/// Tokens of chat wrapping (system prompt, role markers) assumed around a message when
+/// the backend cannot count them (a remote server without the model's chat template).
+pub const CHAT_WRAPPING_ALLOWANCE: usize = 64;
+
+/// Tokens kept free in every budget: text around a chunk may merge differently with its
+/// neighbours than the chunk alone.
+pub const BUDGET_SLACK: usize = 8;
+
+/// Chunk size C, memory cap M and answer cap of the loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Profile {
+    pub chunk_tokens: usize,
+    pub memory_tokens: usize,
+    pub answer_tokens: usize,
+}
+
+impl Profile {
+    /// The paper's settings: C = 5000, M = 1024, answers up to 1024 tokens.
+    pub const PAPER: Profile = Profile {
+        chunk_tokens: 5000,
+        memory_tokens: 1024,
+        answer_tokens: 1024,
+    };
+
+    /// Small models (under a billion parameters, such as the default SmolLM2-135M): a
+    /// needle survives ~800-token chunks 3/3 and ~4,000-token chunks 0/4 there.
+    pub const SMALL: Profile = Profile {
+        chunk_tokens: 1024,
+        memory_tokens: 256,
+        answer_tokens: 256,
+    };
+
+    /// The default profile of a model, from its parameter count when known, else its name.
+    pub fn for_model(name: &str, parameters: Option<usize>) -> Profile {
+        let small = match parameters {
+            Some(n) => n < 1_000_000_000,
+            None => name.to_lowercase().contains("smollm"),
+        };
+        if small {
+            Self::SMALL
+        } else {
+            Self::PAPER
+        }
+    }
+}
+
+/// One chunk of a document: `tokens` model tokens, decoded back to text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chunk {
+    pub text: String,
+    pub tokens: usize,
+}
+
+/// Cuts `text` into chunks of at most `chunk_tokens` tokens.
+pub fn chunk_text(
+    tokenizer: &dyn TextTokenizer,
+    text: &str,
+    chunk_tokens: usize,
+) -> Result<Vec<Chunk>> {
+    if chunk_tokens == 0 {
+        return Err(Error::InvalidRequest(
+            "the chunk size must be at least one token".to_string(),
+        ));
+    }
+    let ids = tokenizer.encode(text)?;
+    ids.chunks(chunk_tokens)
+        .map(|ids| {
+            Ok(Chunk {
+                text: tokenizer.decode(ids)?,
+                tokens: ids.len(),
+            })
+        })
+        .collect()
+}
+
+/// What one memory-update step produced.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepReport {
+    /// 1-based number of the chunk this step read.
+    pub index: usize,
+    pub chunk_tokens: usize,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Tokens of the new memory (after any cut).
+    pub memory_tokens: usize,
+    /// The memory reached the cap M: the reply hit the token limit, or was cut to M tokens.
+    pub cut: bool,
+    /// Why the reply ended (end of turn, token limit, or a loop that was stopped).
+    pub stop_reason: StopReason,
+    pub seconds: f64,
+    pub memory: String,
+}
+
+/// The answer of a final (or direct) step.
+#[derive(Debug, Clone, Serialize)]
+pub struct AnswerReport {
+    /// The model's whole reply.
+    pub reply: String,
+    /// The answer extracted from it (`\boxed{}`, "the answer is", else the reply).
+    pub answer: String,
+    pub template: Template,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub stop_reason: StopReason,
+    pub seconds: f64,
+}
+
+/// A whole run of the loop over one document.
+#[derive(Debug, Clone, Serialize)]
+pub struct AgentRun {
+    pub question: String,
+    pub model: String,
+    pub profile: Profile,
+    pub update_template: Template,
+    pub input_tokens: usize,
+    pub steps: Vec<StepReport>,
+    pub final_answer: AnswerReport,
+    pub seconds: f64,
+}
+
+/// Token budget of one question under a profile, checked before the first step.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Budget {
+    pub context: Option<usize>,
+    pub question_tokens: usize,
+    /// Prompt tokens of an update step without question, memory and chunk.
+    pub update_template_tokens: usize,
+    pub final_template_tokens: usize,
+    /// Largest prompt + reply of an update step.
+    pub update_total: usize,
+    /// Largest prompt + reply of the final step.
+    pub final_total: usize,
+}
+
+/// What a run reports while it works, for progress displays.
+#[derive(Debug, Clone, Copy)]
+pub enum Progress<'r> {
+    /// The document was cut: `chunks` steps of `input_tokens` tokens in all will follow.
+    Started { chunks: usize, input_tokens: usize },
+    /// One memory-update step finished (of `chunks`).
+    Step { step: &'r StepReport, chunks: usize },
+    /// Every chunk was read; the final answer is being written.
+    Answering,
+}
+
+/// The memory agent over one backend and tokenizer.
+pub struct MemoryAgent<'a> {
+    backend: &'a dyn Backend,
+    tokenizer: &'a dyn TextTokenizer,
+    pub profile: Profile,
+    pub final_form: FinalForm,
+    pub sampling: SamplingParams,
+    /// Stop a reply that loops (its last this many tokens repeat earlier ones): small
+    /// models fall into such loops under greedy decoding and would otherwise fill the
+    /// memory cap with copies. Backends that cannot stop early ignore it.
+    pub repeat_guard: Option<usize>,
+}
+
+/// Default span of [`MemoryAgent::repeat_guard`], in tokens.
+pub const REPEAT_GUARD_TOKENS: usize = 16;
+
+impl<'a> MemoryAgent<'a> {
+    pub fn new(
+        backend: &'a dyn Backend,
+        tokenizer: &'a dyn TextTokenizer,
+        profile: Profile,
+    ) -> Self {
+        Self {
+            backend,
+            tokenizer,
+            profile,
+            final_form: FinalForm::default(),
+            sampling: SamplingParams::default(),
+            repeat_guard: Some(REPEAT_GUARD_TOKENS),
+        }
+    }
+
+    fn prompt_tokens(&self, message: &str) -> Result<usize> {
+        match self.backend.chat_prompt_tokens(message)? {
+            Some(n) => Ok(n),
+            None => Ok(self.tokenizer.encode(message)?.len() + CHAT_WRAPPING_ALLOWANCE),
+        }
+    }
+
+    fn options(&self, max_new_tokens: usize) -> GenerateOptions {
+        GenerateOptions {
+            max_new_tokens,
+            sampling: self.sampling,
+            stop_on_repeat: self.repeat_guard,
+        }
+    }
+
+    /// Checks that every step of a run fits the model's context; the error suggests the
+    /// largest chunk size that would.
+    pub fn budget(&self, question: &str) -> Result<Budget> {
+        let Profile {
+            chunk_tokens,
+            memory_tokens,
+            answer_tokens,
+        } = self.profile;
+        if chunk_tokens == 0 || memory_tokens == 0 || answer_tokens == 0 {
+            return Err(Error::InvalidRequest(format!(
+                "chunk size, memory cap and answer cap must be at least one token \
+                 (got {chunk_tokens}, {memory_tokens}, {answer_tokens})"
+            )));
+        }
+        let question_tokens = self.tokenizer.encode(question)?.len();
+        let update_template_tokens = self.prompt_tokens(&UPDATE.fill("", "", ""))?;
+        let final_template = self.final_form.final_template();
+        let final_template_tokens = self.prompt_tokens(&final_template.fill("", "", ""))?;
+        // Prompt: template + question + memory (≤ M) + chunk (≤ C); reply ≤ M.
+        let update_fixed =
+            update_template_tokens + question_tokens + 2 * memory_tokens + BUDGET_SLACK;
+        let update_total = update_fixed + chunk_tokens;
+        let final_total =
+            final_template_tokens + question_tokens + memory_tokens + answer_tokens + BUDGET_SLACK;
+        let context = self.backend.context_length();
+        if let Some(context) = context {
+            if update_total > context {
+                let largest = context.saturating_sub(update_fixed);
+                let hint = if largest > 0 {
+                    format!(
+                        "use a chunk size of at most {largest} tokens (--chunk-tokens {largest})"
+                    )
+                } else {
+                    "lower the memory cap (--memory-tokens) or shorten the question".to_string()
+                };
+                return Err(Error::Budget(format!(
+                    "an update step needs up to {update_total} tokens (chunk {chunk_tokens} + \
+                     memory {memory_tokens} + reply {memory_tokens} + template \
+                     {update_template_tokens} + question {question_tokens} + slack \
+                     {BUDGET_SLACK}) but the model's context is {context}; {hint}"
+                )));
+            }
+            if final_total > context {
+                return Err(Error::Budget(format!(
+                    "the final step needs up to {final_total} tokens (memory {memory_tokens} + \
+                     answer {answer_tokens} + template {final_template_tokens} + question \
+                     {question_tokens} + slack {BUDGET_SLACK}) but the model's context is \
+                     {context}; lower --memory-tokens or --answer-tokens"
+                )));
+            }
+        }
+        Ok(Budget {
+            context,
+            question_tokens,
+            update_template_tokens,
+            final_template_tokens,
+            update_total,
+            final_total,
+        })
+    }
+
+    /// One update step: the new memory after reading `chunk` with `memory` in mind.
+    pub fn update(&self, question: &str, memory: &str, chunk: &Chunk) -> Result<StepReport> {
+        let start = Instant::now();
+        let message = UPDATE.fill(question, memory, &chunk.text);
+        let reply = self
+            .backend
+            .complete(&message, &self.options(self.profile.memory_tokens))?;
+        let mut memory = memory_text(&reply.text).to_string();
+        let mut ids = self.tokenizer.encode(&memory)?;
+        let mut cut = reply.stop_reason == StopReason::MaxTokens;
+        if ids.len() > self.profile.memory_tokens {
+            ids.truncate(self.profile.memory_tokens);
+            memory = self.tokenizer.decode(&ids)?;
+            cut = true;
+        }
+        Ok(StepReport {
+            index: 0,
+            chunk_tokens: chunk.tokens,
+            prompt_tokens: reply.prompt_tokens,
+            completion_tokens: reply.completion_tokens,
+            memory_tokens: ids.len(),
+            cut,
+            stop_reason: reply.stop_reason,
+            seconds: start.elapsed().as_secs_f64(),
+            memory,
+        })
+    }
+
+    /// The final step: the answer to `question` from `memory` alone.
+    pub fn answer(&self, question: &str, memory: &str) -> Result<AnswerReport> {
+        let template = self.final_form.final_template();
+        self.answer_with(template, &template.fill(question, memory, ""))
+    }
+
+    fn answer_with(&self, template: Template, message: &str) -> Result<AnswerReport> {
+        let reply = self
+            .backend
+            .complete(message, &self.options(self.profile.answer_tokens))?;
+        Ok(AnswerReport {
+            answer: extract_answer(&reply.text),
+            reply: reply.text,
+            template,
+            prompt_tokens: reply.prompt_tokens,
+            completion_tokens: reply.completion_tokens,
+            stop_reason: reply.stop_reason,
+            seconds: reply.seconds,
+        })
+    }
+
+    /// The whole workflow over `document`; `on_progress` sees each step as it finishes.
+    pub fn run(
+        &self,
+        document: &str,
+        question: &str,
+        on_progress: &mut dyn FnMut(Progress<'_>),
+    ) -> Result<AgentRun> {
+        let start = Instant::now();
+        check_question(question)?;
+        self.budget(question)?;
+        let chunks = chunk_text(self.tokenizer, document, self.profile.chunk_tokens)?;
+        if chunks.is_empty() {
+            return Err(Error::InvalidRequest(
+                "the document is empty: there is nothing to read".to_string(),
+            ));
+        }
+        let input_tokens = chunks.iter().map(|c| c.tokens).sum();
+        on_progress(Progress::Started {
+            chunks: chunks.len(),
+            input_tokens,
+        });
+        let mut memory = NO_MEMORY.to_string();
+        let mut steps = Vec::with_capacity(chunks.len());
+        for (i, chunk) in chunks.iter().enumerate() {
+            let mut step = self.update(question, &memory, chunk)?;
+            step.index = i + 1;
+            tracing::debug!(
+                step = step.index,
+                memory_tokens = step.memory_tokens,
+                cut = step.cut,
+                "memory updated in {:.2}s",
+                step.seconds
+            );
+            on_progress(Progress::Step {
+                step: &step,
+                chunks: chunks.len(),
+            });
+            memory.clone_from(&step.memory);
+            steps.push(step);
+        }
+        on_progress(Progress::Answering);
+        let final_answer = self.answer(question, &memory)?;
+        Ok(AgentRun {
+            question: question.to_string(),
+            model: self.backend.model_name(),
+            profile: self.profile,
+            update_template: UPDATE,
+            input_tokens,
+            steps,
+            final_answer,
+            seconds: start.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// The baseline: the whole document in one prompt, when it fits the context.
+    pub fn direct(&self, document: &str, question: &str) -> Result<AnswerReport> {
+        check_question(question)?;
+        if document.trim().is_empty() {
+            return Err(Error::InvalidRequest(
+                "the document is empty: there is nothing to read".to_string(),
+            ));
+        }
+        let template = self.final_form.direct_template();
+        let message = template.fill(question, "", document);
+        if let Some(context) = self.backend.context_length() {
+            let prompt = self.prompt_tokens(&message)?;
+            let total = prompt + self.profile.answer_tokens;
+            if total > context {
+                return Err(Error::Budget(format!(
+                    "the document does not fit the model's context for a direct answer: \
+                     {prompt} prompt tokens + {} answer tokens = {total} > {context} \
+                     (over by {}); drop --direct to read it with the memory loop",
+                    self.profile.answer_tokens,
+                    total - context
+                )));
+            }
+        }
+        self.answer_with(template, &message)
+    }
+}
+
+fn check_question(question: &str) -> Result<()> {
+    if question.trim().is_empty() {
+        return Err(Error::InvalidRequest(
+            "the question is empty; ask something about the document".to_string(),
+        ));
+    }
+    Ok(())
+}

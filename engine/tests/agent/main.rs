@@ -1,0 +1,10 @@
+//! Tests of the memory-agent loop: the protocol's exact bytes, the loop on the real
+//! default model, the remote backend against a loopback server, and bad requests.
+
+mod errors;
+mod needle;
+mod protocol;
+mod remote;
+#[allow(dead_code)]
+#[path = "../model/support.rs"]
+mod support;
