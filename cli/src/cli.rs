@@ -26,7 +26,8 @@ pub struct GlobalArgs {
     #[arg(long, global = true, value_name = "PATH")]
     pub model: Option<PathBuf>,
 
-    /// tokenizer.json to use instead of the tokenizer stored in the GGUF file
+    /// Tokenizer to use instead of the model file's own: a tokenizer.json, or a GGUF file
+    /// whose tokenizer is read (with a remote backend: the served model's tokenizer)
     #[arg(long, global = true, value_name = "PATH")]
     pub tokenizer: Option<PathBuf>,
 
@@ -49,6 +50,19 @@ pub struct GlobalArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Answer a question about a document of any length, reading it through the memory
+    /// loop (MemAgent) at constant memory
+    ///
+    /// The document is cut into chunks of the model's tokens; after each chunk the model
+    /// rewrites a bounded memory with what helps answer the question; the answer comes
+    /// from the last memory alone. Reads --file, else standard input.
+    #[command(
+        after_help = "Examples:\n  memctl ask --file report.txt \"Who signed the contract?\"\n  \
+        cat notes/*.md | memctl ask --show-memory \"What did we decide about pricing?\"\n  \
+        memctl ask --backend openai --base-url http://gpu:8000/v1 \\\n      \
+        --remote-model BytedTsinghua-SIA/RL-MemoryAgent-14B --file book.txt \"...\""
+    )]
+    Ask(AskArgs),
     /// One chat turn with the model: prints its reply
     Generate(GenerateArgs),
     /// Facts about the model file
@@ -81,6 +95,101 @@ pub struct GenerateArgs {
     /// Print the reply with token counts and timings as JSON
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct AskArgs {
+    /// The question to answer from the document
+    pub question: String,
+
+    /// The document [default: standard input]
+    #[arg(long, short, value_name = "PATH")]
+    pub file: Option<PathBuf>,
+
+    /// Put the whole document in one prompt instead (a baseline; only when it fits the
+    /// model's context)
+    #[arg(long)]
+    pub direct: bool,
+
+    /// Print the memory after every chunk (on stdout, before the answer)
+    #[arg(long)]
+    pub show_memory: bool,
+
+    /// Print the answer, the extracted answer and per-step statistics as JSON
+    #[arg(long)]
+    pub json: bool,
+
+    #[command(flatten)]
+    pub profile: ProfileArgs,
+
+    #[command(flatten)]
+    pub backend: BackendArgs,
+
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+/// Overrides of the model's profile (chunk size, memory cap, answer cap).
+#[derive(Debug, Args)]
+pub struct ProfileArgs {
+    /// Tokens per chunk C [default: the model's profile: 1024 for models under 1B
+    /// parameters, else the paper's 5000]
+    #[arg(long, value_name = "N")]
+    pub chunk_tokens: Option<usize>,
+
+    /// Memory cap M in tokens [default: 256 for models under 1B parameters, else 1024]
+    #[arg(long, value_name = "N")]
+    pub memory_tokens: Option<usize>,
+
+    /// Most tokens of the final answer [default: 256 for models under 1B parameters,
+    /// else 1024]
+    #[arg(long, value_name = "N")]
+    pub answer_tokens: Option<usize>,
+
+    /// Final prompt: `boxed` (answer in \boxed{}, the RL checkpoints' form) or `eval`
+    /// ("Therefore, the answer is ...")
+    #[arg(long, default_value = "boxed", value_name = "FORM")]
+    pub final_template: memagent_engine::agent::FinalForm,
+}
+
+/// Which backend runs the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    /// The GGUF model, in this process
+    Local,
+    /// An OpenAI-compatible chat-completions server (vLLM, SGLang, llama.cpp, Ollama)
+    Openai,
+}
+
+#[derive(Debug, Args)]
+pub struct BackendArgs {
+    /// Where the model runs
+    #[arg(long, value_enum, env = "MEMAGENT_BACKEND", default_value = "local")]
+    pub backend: BackendKind,
+
+    /// Base URL of the OpenAI-compatible API, e.g. http://localhost:8000/v1
+    #[arg(long, env = "MEMAGENT_BASE_URL", value_name = "URL")]
+    pub base_url: Option<String>,
+
+    /// The served model's name, as the server knows it
+    #[arg(long, env = "MEMAGENT_REMOTE_MODEL", value_name = "NAME")]
+    pub remote_model: Option<String>,
+
+    /// Environment variable that holds the API key (sent as a bearer token when set)
+    #[arg(long, default_value = "OPENAI_API_KEY", value_name = "VAR")]
+    pub api_key_env: String,
+
+    /// Seconds one request may take before it is abandoned (and retried)
+    #[arg(long, default_value_t = 600, value_name = "SECS")]
+    pub timeout: u64,
+
+    /// Retries of a request answered 429 or 5xx, or lost in transport
+    #[arg(long, default_value_t = 5, value_name = "N")]
+    pub retries: u32,
+
+    /// The remote model's context in tokens [default: asked from the server's /models]
+    #[arg(long, value_name = "N")]
+    pub context_tokens: Option<usize>,
 }
 
 #[derive(Debug, Args)]

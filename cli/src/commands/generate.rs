@@ -1,7 +1,7 @@
 use std::io::Write;
 
 use anyhow::Result;
-use memagent_engine::{GenerateOptions, Message, SamplingParams};
+use memagent_engine::{GenerateOptions, Message};
 
 use crate::cli::{GenerateArgs, GlobalArgs};
 
@@ -14,11 +14,8 @@ pub fn run(global: &GlobalArgs, args: &GenerateArgs) -> Result<()> {
     messages.push(Message::user(args.prompt.clone()));
     let options = GenerateOptions {
         max_new_tokens: args.max_tokens,
-        sampling: SamplingParams {
-            temperature: args.sampling.temperature,
-            top_p: args.sampling.top_p,
-            seed: args.sampling.seed,
-        },
+        sampling: args.sampling.params(),
+        ..GenerateOptions::default()
     };
     let reply = model.generate_chat(&messages, &options)?;
     let mut out = std::io::stdout().lock();

@@ -1,18 +1,30 @@
 //! One module per command; each calls the libraries and owns its output.
 
+mod ask;
 mod bench;
 mod generate;
 mod model;
 mod tokenize;
 
-use anyhow::Result;
-use memagent_engine::{open_device, LoadOptions, LocalModel, WeightPlan};
+use std::time::Duration;
 
-use crate::cli::{BenchCommand, Cli, Command, GlobalArgs, ModelCommand};
+use anyhow::{bail, Context, Result};
+use memagent_engine::agent::{
+    MemoryAgent, OpenAiBackend, Profile, RemoteOptions, RemoteTokenizer, TextTokenizer,
+};
+use memagent_engine::{
+    open_device, LoadOptions, LocalModel, SamplingParams, Tokenizer, WeightPlan,
+};
+
+use crate::cli::{
+    BackendArgs, BackendKind, BenchCommand, Cli, Command, GlobalArgs, ModelCommand, ProfileArgs,
+    SamplingArgs,
+};
 use crate::settings;
 
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
+        Command::Ask(args) => ask::run(&cli.global, &args),
         Command::Generate(args) => generate::run(&cli.global, &args),
         Command::Model(ModelCommand::Info { json }) => model::info(&cli.global, json),
         Command::Tokenize(args) => tokenize::run(&cli.global, &args),
@@ -28,10 +40,146 @@ fn load_model(global: &GlobalArgs) -> Result<LocalModel> {
         weights: WeightPlan {
             dense_prefill: true,
         },
-        tokenizer_json: global.tokenizer.clone(),
+        tokenizer: global.tokenizer.clone(),
     };
     tracing::info!("loading model {}", path.display());
     Ok(LocalModel::load(&path, &options)?)
+}
+
+/// The model behind the memory loop: the local GGUF model, or a remote server with the
+/// tokenizer that cuts documents for it.
+// One value per process: the size difference between variants does not matter.
+#[allow(clippy::large_enum_variant)]
+pub enum ModelBackend {
+    Local(LocalModel),
+    Remote {
+        backend: OpenAiBackend,
+        tokenizer: Option<Tokenizer>,
+    },
+}
+
+impl ModelBackend {
+    pub fn open(global: &GlobalArgs, args: &BackendArgs) -> Result<Self> {
+        match args.backend {
+            BackendKind::Local => Ok(Self::Local(load_model(global)?)),
+            BackendKind::Openai => {
+                let base_url = args.base_url.clone().context(
+                    "the openai backend needs --base-url (or MEMAGENT_BASE_URL), \
+                     e.g. http://localhost:8000/v1",
+                )?;
+                let model = args.remote_model.clone().context(
+                    "the openai backend needs --remote-model (or MEMAGENT_REMOTE_MODEL): \
+                     the served model's name",
+                )?;
+                let mut options = RemoteOptions::new(base_url, model);
+                options.api_key = std::env::var(&args.api_key_env)
+                    .ok()
+                    .filter(|k| !k.is_empty());
+                options.timeout = Duration::from_secs(args.timeout.max(1));
+                options.retries = args.retries;
+                options.context_length = args.context_tokens;
+                let mut backend = OpenAiBackend::new(options)?;
+                if backend.discover_context_length().is_none() {
+                    tracing::warn!(
+                        "the server did not say the model's context length; budget checks are \
+                         off (pass --context-tokens N to enable them)"
+                    );
+                }
+                let tokenizer = match &global.tokenizer {
+                    Some(path) => Some(Tokenizer::from_file(path).with_context(|| {
+                        format!("cannot read the tokenizer {}", path.display())
+                    })?),
+                    None => None,
+                };
+                Ok(Self::Remote { backend, tokenizer })
+            }
+        }
+    }
+
+    /// The model's default profile with the command line's overrides.
+    pub fn profile(&self, overrides: &ProfileArgs) -> Profile {
+        let base = match self {
+            Self::Local(model) => Profile::for_model(model.name(), Some(model.parameters())),
+            Self::Remote { backend, .. } => Profile::for_model(&backend.options().model, None),
+        };
+        Profile {
+            chunk_tokens: overrides.chunk_tokens.unwrap_or(base.chunk_tokens),
+            memory_tokens: overrides.memory_tokens.unwrap_or(base.memory_tokens),
+            answer_tokens: overrides.answer_tokens.unwrap_or(base.answer_tokens),
+        }
+    }
+
+    /// Runs `f` with a memory agent over this backend.
+    pub fn with_agent<R>(
+        &self,
+        profile: &ProfileArgs,
+        sampling: &SamplingArgs,
+        f: impl FnOnce(&MemoryAgent<'_>) -> Result<R>,
+    ) -> Result<R> {
+        let configure = |mut agent: MemoryAgent<'_>| {
+            agent.final_form = profile.final_template;
+            agent.sampling = sampling.params();
+            f(&agent)
+        };
+        let chosen = self.profile(profile);
+        match self {
+            Self::Local(model) => configure(MemoryAgent::new(model, model.tokenizer(), chosen)),
+            Self::Remote {
+                backend,
+                tokenizer: Some(tokenizer),
+            } => configure(MemoryAgent::new(backend, tokenizer, chosen)),
+            Self::Remote {
+                backend,
+                tokenizer: None,
+            } => {
+                let remote = RemoteTokenizer::connect(backend)?;
+                let tokenizer: &dyn TextTokenizer = &remote;
+                configure(MemoryAgent::new(backend, tokenizer, chosen))
+            }
+        }
+    }
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            seed: self.seed,
+        }
+    }
+}
+
+/// Reads a document from `path`, else from standard input (never from a terminal).
+pub fn read_document(path: Option<&std::path::Path>) -> Result<String> {
+    use std::io::{IsTerminal, Read};
+    let (bytes, name) = match path {
+        Some(path) => (
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?,
+            path.display().to_string(),
+        ),
+        None => {
+            if std::io::stdin().is_terminal() {
+                bail!("no document: pass --file PATH or pipe the text on standard input");
+            }
+            let mut bytes = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut bytes)
+                .context("cannot read standard input")?;
+            (bytes, "standard input".to_string())
+        }
+    };
+    match String::from_utf8(bytes) {
+        Ok(text) => Ok(text),
+        Err(e) => {
+            tracing::warn!(
+                "{name} is not valid UTF-8 (first bad byte at offset {}); invalid bytes \
+                 are read as U+FFFD",
+                e.utf8_error().valid_up_to()
+            );
+            Ok(String::from_utf8_lossy(e.as_bytes()).into_owned())
+        }
+    }
 }
 
 /// A closed stdout (`memctl ... | head`) ends the program quietly.
