@@ -120,6 +120,13 @@ pub struct AskArgs {
     pub json: bool,
 
     #[command(flatten)]
+    pub run: LoopArgs,
+}
+
+/// How the memory loop runs: profile, backend and sampling.
+#[derive(Debug, Args)]
+pub struct LoopArgs {
+    #[command(flatten)]
     pub profile: ProfileArgs,
 
     #[command(flatten)]
@@ -231,6 +238,49 @@ pub struct TokenizeArgs {
 pub enum BenchCommand {
     /// Prefill and decode speed of the local engine, with peak memory
     Engine(BenchEngineArgs),
+    /// Single-needle retrieval against document length: the memory loop vs the whole
+    /// document in one prompt (--direct), with accuracy and seconds per 1K input tokens
+    Needle(Box<BenchNeedleArgs>),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchNeedleArgs {
+    /// Document lengths in tokens
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "2048,4096,8192,16384,32768"
+    )]
+    pub lengths: Vec<usize>,
+
+    /// Needles (documents) per length, at depths spread evenly through the document
+    #[arg(long, default_value_t = 5)]
+    pub samples: usize,
+
+    /// Seed of the first needle (sample i uses this + i, the same at every length; the
+    /// seed draws the city, the number and where the filler starts)
+    #[arg(long, default_value_t = 1)]
+    pub task_seed: u64,
+
+    /// Folder of .txt files to cut filler from [default:
+    /// ../shared/data/haystack/paul-graham-essays when it exists, else RULER's noise]
+    #[arg(long, value_name = "DIR")]
+    pub haystack: Option<PathBuf>,
+
+    /// Modes to run: `memory` (the loop) and/or `direct` (one prompt, where it fits)
+    #[arg(long, value_delimiter = ',', default_value = "memory,direct")]
+    pub modes: Vec<String>,
+
+    /// Append every sample's result as a JSON line to this file as it finishes
+    #[arg(long, value_name = "PATH")]
+    pub output: Option<PathBuf>,
+
+    /// Print the results as JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
+
+    #[command(flatten)]
+    pub run: LoopArgs,
 }
 
 #[derive(Debug, Args)]

@@ -13,16 +13,16 @@ use crate::cli::{AskArgs, GlobalArgs};
 
 pub fn run(global: &GlobalArgs, args: &AskArgs) -> Result<()> {
     let document = super::read_document(args.file.as_deref())?;
-    let backend = ModelBackend::open(global, &args.backend)?;
+    let backend = ModelBackend::open(global, &args.run.backend)?;
     if args.direct {
-        let report = backend.with_agent(&args.profile, &args.sampling, |agent| {
+        let report = backend.with_agent(&args.run, |agent| {
             Ok(agent.direct(&document, &args.question)?)
         })?;
         return print_direct(args, &report);
     }
     let show_progress = !global.quiet && !args.json && std::io::stderr().is_terminal();
     let mut display = StepDisplay::new(show_progress, args.show_memory && !args.json);
-    let run = backend.with_agent(&args.profile, &args.sampling, |agent| {
+    let run = backend.with_agent(&args.run, |agent| {
         Ok(agent.run(&document, &args.question, &mut |p| display.on(p))?)
     })?;
     display.finish();
@@ -33,18 +33,15 @@ pub fn run(global: &GlobalArgs, args: &AskArgs) -> Result<()> {
         run.seconds,
         run.input_tokens as f64 / run.seconds.max(f64::EPSILON)
     );
-    let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &run_json(&run))?;
-        writeln!(out)?;
+        super::print_json(&run_json(&run))
     } else {
-        writeln!(out, "{}", run.final_answer.answer)?;
+        writeln!(std::io::stdout().lock(), "{}", run.final_answer.answer)?;
+        Ok(())
     }
-    Ok(())
 }
 
 fn print_direct(args: &AskArgs, report: &AnswerReport) -> Result<()> {
-    let mut out = std::io::stdout().lock();
     if args.json {
         let value = json!({
             "mode": "direct",
@@ -57,12 +54,11 @@ fn print_direct(args: &AskArgs, report: &AnswerReport) -> Result<()> {
             "stop_reason": report.stop_reason,
             "seconds": report.seconds,
         });
-        serde_json::to_writer_pretty(&mut out, &value)?;
-        writeln!(out)?;
+        super::print_json(&value)
     } else {
-        writeln!(out, "{}", report.answer)?;
+        writeln!(std::io::stdout().lock(), "{}", report.answer)?;
+        Ok(())
     }
-    Ok(())
 }
 
 /// The JSON form of a run: answer, extracted answer, and per-step statistics.

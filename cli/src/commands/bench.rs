@@ -1,9 +1,14 @@
 use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
+use memagent_engine::agent::MemoryAgent;
 use memagent_engine::bench::{bench_decode, bench_prefill, BenchResult};
+use memagent_engine::eval::{single_needle, Haystack, NeedleSample};
+use serde::Serialize;
 
-use crate::cli::{BenchEngineArgs, GlobalArgs};
+use crate::cli::{BenchEngineArgs, BenchNeedleArgs, GlobalArgs};
 
 /// Sentences cycled to make benchmark prompts of any length (content does not affect speed).
 const FILLER: &str = "The grass is green. The sky is blue. The sun is yellow. Here we go. \
@@ -34,18 +39,15 @@ pub fn engine(global: &GlobalArgs, args: &BenchEngineArgs) -> Result<()> {
         results.push(r);
     }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut out = std::io::stdout().lock();
     if args.json {
-        let value = serde_json::json!({
+        return super::print_json(&serde_json::json!({
             "model": model.path(),
             "device": global.device,
             "threads": threads,
             "results": results,
-        });
-        serde_json::to_writer_pretty(&mut out, &value)?;
-        writeln!(out)?;
-        return Ok(());
+        }));
     }
+    let mut out = std::io::stdout().lock();
     writeln!(
         out,
         "model: {}  device: {}  threads: {threads}  repeats: {}",
@@ -78,4 +80,214 @@ fn report_progress(r: &BenchResult) {
         r.tokens_per_second,
         r.seconds
     );
+}
+
+/// One sample of the needle benchmark.
+#[derive(Debug, Clone, Serialize)]
+struct NeedleResult {
+    length: usize,
+    mode: &'static str,
+    #[serde(flatten)]
+    sample: NeedleSample,
+    /// `None` where the mode cannot run (direct beyond the context).
+    hit: Option<bool>,
+    answer: Option<String>,
+    input_tokens: usize,
+    seconds: f64,
+    steps: usize,
+}
+
+pub fn needle(global: &GlobalArgs, args: &BenchNeedleArgs) -> Result<()> {
+    for mode in &args.modes {
+        if mode != "memory" && mode != "direct" {
+            bail!("unknown mode `{mode}` in --modes; expected memory and/or direct");
+        }
+    }
+    if args.samples == 0 || args.lengths.is_empty() {
+        bail!("nothing to run: --samples and --lengths must be non-empty");
+    }
+    let haystack = match &args.haystack {
+        Some(dir) => Haystack::from_dir(dir)?,
+        None => match default_haystack() {
+            Some(dir) => Haystack::from_dir(&dir)?,
+            None => Haystack::noise(),
+        },
+    };
+    let mut output = match &args.output {
+        Some(path) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("cannot open {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let backend = super::ModelBackend::open(global, &args.run.backend)?;
+    let profile = backend.profile(&args.run.profile);
+    tracing::info!(
+        "haystack: {}; profile: chunk {} / memory {} / answer {} tokens",
+        haystack.source(),
+        profile.chunk_tokens,
+        profile.memory_tokens,
+        profile.answer_tokens
+    );
+    let results = backend.with_agent(&args.run, |agent| {
+        let mut results = Vec::new();
+        for &length in &args.lengths {
+            for i in 0..args.samples {
+                let depth = (i as f64 + 0.5) / args.samples as f64;
+                let sample = single_needle(
+                    &haystack,
+                    agent.tokenizer(),
+                    length,
+                    depth,
+                    args.task_seed + i as u64,
+                )?;
+                for mode in &args.modes {
+                    let result = run_needle(agent, &sample, length, mode)?;
+                    eprintln!(
+                        "length {length} sample {}/{} {mode}: {} ({:.1}s, {} tokens)",
+                        i + 1,
+                        args.samples,
+                        match result.hit {
+                            Some(true) => "hit",
+                            Some(false) => "miss",
+                            None => "n/a",
+                        },
+                        result.seconds,
+                        result.input_tokens
+                    );
+                    if let Some(file) = output.as_mut() {
+                        serde_json::to_writer(&mut *file, &result)?;
+                        writeln!(file)?;
+                        file.flush()?;
+                    }
+                    results.push(result);
+                }
+            }
+        }
+        Ok(results)
+    })?;
+    if args.json {
+        return super::print_json(&serde_json::json!({
+            "haystack": haystack.source(),
+            "profile": profile,
+            "results": results,
+        }));
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "haystack: {}  profile: C={} M={} answer={}  samples per length: {}",
+        haystack.source(),
+        profile.chunk_tokens,
+        profile.memory_tokens,
+        profile.answer_tokens,
+        args.samples
+    )?;
+    writeln!(
+        out,
+        "| length | memory acc | direct acc | memory s/1K tok | direct s/1K tok | memory steps |"
+    )?;
+    writeln!(out, "|---:|---:|---:|---:|---:|---:|")?;
+    for &length in &args.lengths {
+        let of = |mode: &str| -> Vec<&NeedleResult> {
+            results
+                .iter()
+                .filter(|r| r.length == length && r.mode == mode)
+                .collect()
+        };
+        let (memory, direct) = (of("memory"), of("direct"));
+        writeln!(
+            out,
+            "| {length} | {} | {} | {} | {} | {} |",
+            accuracy(&memory),
+            accuracy(&direct),
+            seconds_per_k(&memory),
+            seconds_per_k(&direct),
+            memory
+                .first()
+                .map_or("-".to_string(), |r| r.steps.to_string()),
+        )?;
+    }
+    Ok(())
+}
+
+fn run_needle(
+    agent: &MemoryAgent<'_>,
+    sample: &NeedleSample,
+    length: usize,
+    mode: &str,
+) -> Result<NeedleResult> {
+    let start = Instant::now();
+    let mut result = NeedleResult {
+        length,
+        mode: if mode == "memory" { "memory" } else { "direct" },
+        sample: sample.clone(),
+        hit: None,
+        answer: None,
+        input_tokens: sample.tokens,
+        seconds: 0.0,
+        steps: 0,
+    };
+    let answer = if mode == "memory" {
+        let run = agent.run(&sample.document, &sample.question, &mut |_| {})?;
+        result.steps = run.steps.len();
+        result.input_tokens = run.input_tokens;
+        Some(run.final_answer.answer)
+    } else {
+        match agent.direct(&sample.document, &sample.question) {
+            Ok(report) => Some(report.answer),
+            Err(memagent_engine::Error::Budget(reason)) => {
+                tracing::debug!("direct n/a at {length}: {reason}");
+                None
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    result.hit = answer.as_deref().map(|a| sample.is_hit(a));
+    result.answer = answer;
+    result.seconds = start.elapsed().as_secs_f64();
+    Ok(result)
+}
+
+fn accuracy(results: &[&NeedleResult]) -> String {
+    let scored: Vec<bool> = results.iter().filter_map(|r| r.hit).collect();
+    if scored.is_empty() {
+        return "n/a".to_string();
+    }
+    let hits = scored.iter().filter(|&&h| h).count();
+    format!(
+        "{hits}/{} ({:.0}%)",
+        scored.len(),
+        100.0 * hits as f64 / scored.len() as f64
+    )
+}
+
+fn seconds_per_k(results: &[&NeedleResult]) -> String {
+    let ran: Vec<&&NeedleResult> = results.iter().filter(|r| r.hit.is_some()).collect();
+    if ran.is_empty() {
+        return "n/a".to_string();
+    }
+    let seconds: f64 = ran.iter().map(|r| r.seconds).sum();
+    let tokens: usize = ran.iter().map(|r| r.input_tokens).sum();
+    format!("{:.2}", seconds / (tokens as f64 / 1000.0))
+}
+
+/// The shared haystack folder, looked up from the working directory and from the
+/// checkout that holds the executable.
+fn default_haystack() -> Option<PathBuf> {
+    let tail = Path::new("shared/data/haystack/paul-graham-essays");
+    let mut roots: Vec<PathBuf> = Vec::new();
+    if let Ok(cwd) = std::env::current_dir() {
+        roots.extend(cwd.ancestors().take(3).map(Path::to_path_buf));
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        roots.extend(exe.ancestors().skip(1).take(5).map(Path::to_path_buf));
+    }
+    roots
+        .into_iter()
+        .map(|root| root.join(tail))
+        .find(|dir| dir.is_dir())
 }

@@ -18,12 +18,10 @@ pub fn run(global: &GlobalArgs, args: &GenerateArgs) -> Result<()> {
         ..GenerateOptions::default()
     };
     let reply = model.generate_chat(&messages, &options)?;
-    let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &reply)?;
-        writeln!(out)?;
+        super::print_json(&reply)?;
     } else {
-        writeln!(out, "{}", reply.text)?;
+        writeln!(std::io::stdout().lock(), "{}", reply.text)?;
     }
     tracing::info!(
         "{} prompt tokens in {:.2}s ({:.0} tok/s), {} new tokens in {:.2}s ({:.1} tok/s), stop: {:?}",

@@ -6,6 +6,7 @@ mod generate;
 mod model;
 mod tokenize;
 
+use std::io::Write;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -17,8 +18,8 @@ use memagent_engine::{
 };
 
 use crate::cli::{
-    BackendArgs, BackendKind, BenchCommand, Cli, Command, GlobalArgs, ModelCommand, ProfileArgs,
-    SamplingArgs,
+    BackendArgs, BackendKind, BenchCommand, Cli, Command, GlobalArgs, LoopArgs, ModelCommand,
+    ProfileArgs, SamplingArgs,
 };
 use crate::settings;
 
@@ -29,6 +30,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Model(ModelCommand::Info { json }) => model::info(&cli.global, json),
         Command::Tokenize(args) => tokenize::run(&cli.global, &args),
         Command::Bench(BenchCommand::Engine(args)) => bench::engine(&cli.global, &args),
+        Command::Bench(BenchCommand::Needle(args)) => bench::needle(&cli.global, &args),
     }
 }
 
@@ -112,16 +114,15 @@ impl ModelBackend {
     /// Runs `f` with a memory agent over this backend.
     pub fn with_agent<R>(
         &self,
-        profile: &ProfileArgs,
-        sampling: &SamplingArgs,
+        settings: &LoopArgs,
         f: impl FnOnce(&MemoryAgent<'_>) -> Result<R>,
     ) -> Result<R> {
         let configure = |mut agent: MemoryAgent<'_>| {
-            agent.final_form = profile.final_template;
-            agent.sampling = sampling.params();
+            agent.final_form = settings.profile.final_template;
+            agent.sampling = settings.sampling.params();
             f(&agent)
         };
-        let chosen = self.profile(profile);
+        let chosen = self.profile(&settings.profile);
         match self {
             Self::Local(model) => configure(MemoryAgent::new(model, model.tokenizer(), chosen)),
             Self::Remote {
@@ -180,6 +181,14 @@ pub fn read_document(path: Option<&std::path::Path>) -> Result<String> {
             Ok(String::from_utf8_lossy(e.as_bytes()).into_owned())
         }
     }
+}
+
+/// Writes `value` to stdout as pretty JSON, for `--json`.
+pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut out, value)?;
+    writeln!(out)?;
+    Ok(())
 }
 
 /// A closed stdout (`memctl ... | head`) ends the program quietly.

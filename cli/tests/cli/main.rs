@@ -1,5 +1,7 @@
 //! `memctl` run as a real process on the real default model.
 
+mod ask;
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -46,7 +48,7 @@ fn stderr(o: &Output) -> String {
 fn help_lists_the_commands() {
     let o = memctl(&["--help"]);
     assert!(o.status.success());
-    for cmd in ["generate", "model", "tokenize", "bench"] {
+    for cmd in ["ask", "generate", "model", "tokenize", "bench"] {
         assert!(
             stdout(&o).contains(cmd),
             "{cmd} missing from help:\n{}",

@@ -202,6 +202,11 @@ impl<'a> MemoryAgent<'a> {
         }
     }
 
+    /// The tokenizer that cuts documents.
+    pub fn tokenizer(&self) -> &'a dyn TextTokenizer {
+        self.tokenizer
+    }
+
     fn prompt_tokens(&self, message: &str) -> Result<usize> {
         match self.backend.chat_prompt_tokens(message)? {
             Some(n) => Ok(n),

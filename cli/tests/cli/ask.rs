@@ -1,0 +1,272 @@
+//! `memctl ask` as a real process: the memory loop on the real default model, and the
+//! remote backend against a loopback chat-completions server.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{json, Value};
+
+use super::{model_path, stderr, stdout};
+
+/// Runs `memctl --model DEFAULT args…` with `input` on standard input.
+fn ask(args: &[&str], input: &str) -> Output {
+    ask_with_env(args, input, &[])
+}
+
+fn ask_with_env(args: &[&str], input: &str, env: &[(&str, &str)]) -> Output {
+    let model = model_path();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_memctl"))
+        .arg("--model")
+        .arg(&model)
+        .arg("ask")
+        .args(args)
+        .env_remove("MEMAGENT_MODEL")
+        .env_remove("MEMAGENT_BACKEND")
+        .env_remove("OPENAI_API_KEY")
+        .env("MEMAGENT_CONFIG", "/nonexistent/memagent-test-config.toml")
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run memctl");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).unwrap();
+    drop(stdin);
+    child.wait_with_output().unwrap()
+}
+
+const NEEDLE_DOC: &str = "Our notes from the planning meeting. The bakery on the corner \
+    changed its opening hours. The special magic number for Lisbon is 4817263. The ferry \
+    timetable was updated for the winter, and the library extended its weekend hours.";
+
+#[test]
+fn ask_answers_from_a_file_with_json_stats() {
+    let dir = tempdir();
+    let file = dir.join("notes.txt");
+    std::fs::write(&file, NEEDLE_DOC).unwrap();
+    let o = ask(
+        &[
+            "--file",
+            file.to_str().unwrap(),
+            "--json",
+            "What is the special magic number for Lisbon?",
+        ],
+        "",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["mode"], "memory");
+    assert!(
+        v["extracted"].as_str().unwrap().contains("4817263"),
+        "{v:#}"
+    );
+    assert!(v["answer"].as_str().unwrap().contains("4817263"));
+    assert_eq!(v["chunks"], 1);
+    assert_eq!(
+        v["profile"]["chunk_tokens"], 1024,
+        "the small-model profile"
+    );
+    assert_eq!(v["profile"]["memory_tokens"], 256);
+    assert_eq!(v["templates"]["update"]["id"], "memagent-update");
+    assert_eq!(v["templates"]["final"]["id"], "memagent-final-boxed");
+    let step = &v["steps"][0];
+    for key in [
+        "index",
+        "chunk_tokens",
+        "prompt_tokens",
+        "completion_tokens",
+        "memory_tokens",
+        "cut",
+        "stop_reason",
+        "seconds",
+        "memory",
+    ] {
+        assert!(!step[key].is_null(), "step lacks {key}: {step:#}");
+    }
+    assert_eq!(step["chunk_tokens"], v["input_tokens"]);
+}
+
+#[test]
+fn ask_reads_stdin_and_shows_every_memory() {
+    let doc = NEEDLE_DOC.repeat(4);
+    let o = ask(
+        &[
+            "--chunk-tokens",
+            "64",
+            "--memory-tokens",
+            "48",
+            "--answer-tokens",
+            "24",
+            "--show-memory",
+            "What changed at the bakery?",
+        ],
+        &doc,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let shown = out.matches("--- memory after chunk ").count();
+    assert!(shown >= 3, "{out}");
+    assert!(
+        out.contains(&format!("--- memory after chunk {shown}/{shown} ")),
+        "{out}"
+    );
+    // The answer follows the memories.
+    let answer = out.rsplit("---\n").next().unwrap();
+    assert!(!answer.trim().is_empty(), "{out}");
+}
+
+#[test]
+fn ask_direct_answers_in_one_prompt_or_says_why_not() {
+    let o = ask(
+        &[
+            "--direct",
+            "--json",
+            "What is the special magic number for Lisbon?",
+        ],
+        NEEDLE_DOC,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["mode"], "direct");
+    assert_eq!(v["template"]["id"], "memagent-direct-boxed");
+    assert!(
+        v["extracted"].as_str().unwrap().contains("4817263"),
+        "{v:#}"
+    );
+
+    let long = "The tide comes in and goes out again. ".repeat(1200);
+    let o = ask(&["--direct", "What does the tide do?"], &long);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("drop --direct"), "{}", stderr(&o));
+}
+
+#[test]
+fn ask_rejects_bad_requests_clearly() {
+    let cases: [(&[&str], &str, &str); 5] = [
+        (&[""], "some text", "question is empty"),
+        (&["What is it?"], "", "document is empty"),
+        (
+            &["--chunk-tokens", "9000", "What is it?"],
+            "some text",
+            "--chunk-tokens",
+        ),
+        (
+            &["--backend", "openai", "What is it?"],
+            "some text",
+            "--base-url",
+        ),
+        (
+            &["--file", "/nonexistent/doc.txt", "What is it?"],
+            "",
+            "cannot read /nonexistent/doc.txt",
+        ),
+    ];
+    for (args, input, expected) in cases {
+        let o = ask(args, input);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(expected), "{args:?}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    }
+}
+
+#[test]
+fn ask_through_an_openai_compatible_server() {
+    let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").unwrap());
+    let port = server.server_addr().to_ip().unwrap().port();
+    // (path, body, authorization) of every request.
+    type Seen = Vec<(String, Value, Option<String>)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let thread = {
+        let (server, seen) = (Arc::clone(&server), Arc::clone(&seen));
+        std::thread::spawn(move || {
+            for mut request in server.incoming_requests() {
+                let mut text = String::new();
+                request.as_reader().read_to_string(&mut text).unwrap();
+                let body: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+                let auth = request
+                    .headers()
+                    .iter()
+                    .find(|h| h.field.equiv("Authorization"))
+                    .map(|h| h.value.to_string());
+                let path = request.url().to_string();
+                seen.lock()
+                    .unwrap()
+                    .push((path.clone(), body.clone(), auth));
+                let content = body["messages"][0]["content"].as_str().unwrap_or("");
+                let (status, reply) = if path != "/v1/chat/completions" {
+                    (404, json!({"error": "not found"}))
+                } else {
+                    let text = if content.contains("Updated memory:") {
+                        "The bakery changed its opening hours."
+                    } else {
+                        "\\boxed{its opening hours}"
+                    };
+                    (
+                        200,
+                        json!({"choices": [{"message": {"role": "assistant", "content": text},
+                                               "finish_reason": "stop"}],
+                                 "usage": {"prompt_tokens": 50, "completion_tokens": 8}}),
+                    )
+                };
+                let header =
+                    tiny_http::Header::from_bytes("Content-Type", "application/json").unwrap();
+                let _ = request.respond(
+                    tiny_http::Response::from_string(reply.to_string())
+                        .with_status_code(status)
+                        .with_header(header),
+                );
+            }
+        })
+    };
+    let base = format!("http://127.0.0.1:{port}/v1");
+    let model = model_path();
+    let o = ask_with_env(
+        &[
+            "--backend",
+            "openai",
+            "--base-url",
+            &base,
+            "--remote-model",
+            "RL-MemoryAgent-14B",
+            "--tokenizer",
+            model.to_str().unwrap(),
+            "--chunk-tokens",
+            "64",
+            "--json",
+            "What changed at the bakery?",
+        ],
+        &NEEDLE_DOC.repeat(3),
+        &[("OPENAI_API_KEY", "sk-local")],
+    );
+    server.unblock();
+    thread.join().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["extracted"], "its opening hours");
+    assert_eq!(v["model"], "RL-MemoryAgent-14B");
+    let seen = seen.lock().unwrap();
+    let chats: Vec<_> = seen
+        .iter()
+        .filter(|(path, _, _)| path == "/v1/chat/completions")
+        .collect();
+    assert_eq!(chats.len(), v["chunks"].as_u64().unwrap() as usize + 1);
+    assert!(chats.len() >= 3);
+    for (_, body, auth) in &chats {
+        assert_eq!(auth.as_deref(), Some("Bearer sk-local"));
+        assert_eq!(body["model"], "RL-MemoryAgent-14B");
+    }
+    // No context length from the server: the run goes on and says budget checks are off.
+    assert!(stderr(&o).contains("--context-tokens"), "{}", stderr(&o));
+}
+
+fn tempdir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "memctl-ask-test-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
