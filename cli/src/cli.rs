@@ -35,6 +35,11 @@ pub struct GlobalArgs {
     #[arg(long, global = true, env = "MEMAGENT_DEVICE", default_value = "cpu")]
     pub device: String,
 
+    /// Where streams and memories are stored [default: $MEMAGENT_DATA_DIR, then
+    /// `data_dir` in the config file, then $XDG_DATA_HOME/memagent/data]
+    #[arg(long, global = true, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+
     /// Configuration file [default: $XDG_CONFIG_HOME/memagent/config.toml]
     #[arg(long, global = true, env = "MEMAGENT_CONFIG", value_name = "PATH")]
     pub config: Option<PathBuf>,
@@ -63,6 +68,21 @@ pub enum Command {
         --remote-model BytedTsinghua-SIA/RL-MemoryAgent-14B --file book.txt \"...\""
     )]
     Ask(AskArgs),
+    /// Append text to a stream, then read what is pending into its memory
+    ///
+    /// The text is stored (and flushed) before any model work, so nothing acknowledged
+    /// is lost; then each pending chunk is read into the stream's general memory and
+    /// committed as a new memory version. Interrupted runs resume where they stopped.
+    /// Ingesting the same file again appends only what is new.
+    Ingest(IngestArgs),
+    /// Answer a question from a stream's memory: one model call, however long the stream
+    Query(QueryArgs),
+    /// Show, list, compare, edit or roll back a stream's memory versions
+    #[command(subcommand)]
+    Memory(MemoryCommand),
+    /// List or remove streams
+    #[command(subcommand)]
+    Streams(StreamsCommand),
     /// One chat turn with the model: prints its reply
     Generate(GenerateArgs),
     /// Facts about the model file
@@ -95,6 +115,89 @@ pub struct GenerateArgs {
     /// Print the reply with token counts and timings as JSON
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct IngestArgs {
+    /// The stream to append to (created when new)
+    pub stream: String,
+
+    /// File to append, or - for standard input [default: -]
+    pub file: Option<PathBuf>,
+
+    /// Append the whole file even if it was ingested before
+    #[arg(long)]
+    pub force: bool,
+
+    /// Only append; leave the pending text for a later ingest
+    #[arg(long)]
+    pub no_process: bool,
+
+    /// Print what was done as JSON
+    #[arg(long)]
+    pub json: bool,
+
+    #[command(flatten)]
+    pub run: LoopArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct QueryArgs {
+    pub stream: String,
+
+    /// The question
+    pub question: String,
+
+    /// Answer from this memory version instead of the latest
+    #[arg(long, value_name = "VERSION")]
+    pub at: Option<u64>,
+
+    /// Print the answer with the version it came from as JSON
+    #[arg(long)]
+    pub json: bool,
+
+    #[command(flatten)]
+    pub run: LoopArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MemoryCommand {
+    /// Print a memory version (the latest by default)
+    Show {
+        stream: String,
+        #[arg(long, value_name = "VERSION")]
+        at: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List every memory version with its chunk, size, author and template
+    History {
+        stream: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Line differences between two versions [default: the latest and its parent]
+    Diff {
+        stream: String,
+        from: Option<u64>,
+        to: Option<u64>,
+    },
+    /// Store a new version written by a person: opens $EDITOR on a terminal, else reads
+    /// the new text from standard input
+    Edit { stream: String },
+    /// Add a new version equal to an old one (history is never rewritten)
+    Rollback { stream: String, version: u64 },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StreamsCommand {
+    /// Streams with their size, chunks and latest memory version
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a stream: its content log and every memory version
+    Rm { stream: String },
 }
 
 #[derive(Debug, Args)]

@@ -16,6 +16,8 @@ pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 pub struct ConfigFile {
     /// Path of the GGUF model.
     pub model: Option<PathBuf>,
+    /// Where streams and memories are stored.
+    pub data_dir: Option<PathBuf>,
 }
 
 impl ConfigFile {
@@ -95,4 +97,22 @@ fn default_model_candidates() -> Vec<PathBuf> {
         );
     }
     out
+}
+
+/// The data directory: `--data-dir`, then `MEMAGENT_DATA_DIR`, then the config file, then
+/// `$XDG_DATA_HOME/memagent/data`.
+pub fn data_dir(global: &GlobalArgs) -> Result<PathBuf> {
+    if let Some(dir) = &global.data_dir {
+        return Ok(dir.clone());
+    }
+    if let Some(dir) = std::env::var_os("MEMAGENT_DATA_DIR").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(dir));
+    }
+    if let Some(dir) = ConfigFile::load(global.config.as_deref())?.data_dir {
+        return Ok(dir);
+    }
+    match dirs::data_dir() {
+        Some(data) => Ok(data.join("memagent").join("data")),
+        None => bail!("no data directory: pass --data-dir DIR or set MEMAGENT_DATA_DIR"),
+    }
 }

@@ -4,6 +4,7 @@ mod ask;
 mod bench;
 mod generate;
 mod model;
+mod streams;
 mod tokenize;
 
 use std::io::Write;
@@ -26,6 +27,10 @@ use crate::settings;
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Ask(args) => ask::run(&cli.global, &args),
+        Command::Ingest(args) => streams::ingest(&cli.global, &args),
+        Command::Query(args) => streams::query(&cli.global, &args),
+        Command::Memory(command) => streams::memory(&cli.global, &command),
+        Command::Streams(command) => streams::streams(&cli.global, &command),
         Command::Generate(args) => generate::run(&cli.global, &args),
         Command::Model(ModelCommand::Info { json }) => model::info(&cli.global, json),
         Command::Tokenize(args) => tokenize::run(&cli.global, &args),
@@ -95,6 +100,17 @@ impl ModelBackend {
                 };
                 Ok(Self::Remote { backend, tokenizer })
             }
+        }
+    }
+
+    /// The model's name and file sha256 (empty for a remote model), for memory records.
+    pub fn identity(&self) -> Result<(String, String)> {
+        match self {
+            Self::Local(model) => Ok((
+                model.name().to_string(),
+                memagent_engine::sha256_file(model.path())?,
+            )),
+            Self::Remote { backend, .. } => Ok((backend.options().model.clone(), String::new())),
         }
     }
 

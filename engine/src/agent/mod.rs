@@ -285,8 +285,19 @@ impl<'a> MemoryAgent<'a> {
 
     /// One update step: the new memory after reading `chunk` with `memory` in mind.
     pub fn update(&self, question: &str, memory: &str, chunk: &Chunk) -> Result<StepReport> {
+        self.update_with(UPDATE, question, memory, chunk)
+    }
+
+    /// An update step with another template (such as a query-agnostic one).
+    pub fn update_with(
+        &self,
+        template: Template,
+        question: &str,
+        memory: &str,
+        chunk: &Chunk,
+    ) -> Result<StepReport> {
         let start = Instant::now();
-        let message = UPDATE.fill(question, memory, &chunk.text);
+        let message = template.fill(question, memory, &chunk.text);
         let reply = self
             .backend
             .complete(&message, &self.options(self.profile.memory_tokens))?;
@@ -314,6 +325,17 @@ impl<'a> MemoryAgent<'a> {
     /// The final step: the answer to `question` from `memory` alone.
     pub fn answer(&self, question: &str, memory: &str) -> Result<AnswerReport> {
         let template = self.final_form.final_template();
+        self.answer_with(template, &template.fill(question, memory, ""))
+    }
+
+    /// A final step with another template.
+    pub fn answer_from(
+        &self,
+        template: Template,
+        question: &str,
+        memory: &str,
+    ) -> Result<AnswerReport> {
+        check_question(question)?;
         self.answer_with(template, &template.fill(question, memory, ""))
     }
 

@@ -112,13 +112,13 @@ impl Config {
         if self.n_layer == 0 || self.n_embd == 0 || self.n_head == 0 || self.n_kv_head == 0 {
             return bad(format!("model dimensions must be non-zero: {self:?}"));
         }
-        if self.n_head % self.n_kv_head != 0 {
+        if !self.n_head.is_multiple_of(self.n_kv_head) {
             return bad(format!(
                 "head_count {} is not a multiple of head_count_kv {}",
                 self.n_head, self.n_kv_head
             ));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return bad(format!(
                 "head dimension {} must be even and non-zero",
                 self.head_dim

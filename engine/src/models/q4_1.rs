@@ -28,7 +28,11 @@ struct Q8_1Row {
 
 impl Q4_1Matrix {
     pub(crate) fn new(n: usize, k: usize, data: Vec<u8>) -> Option<Self> {
-        (k % QK == 0 && data.len() == n * k / QK * BLOCK_BYTES).then_some(Self { n, k, data })
+        (k.is_multiple_of(QK) && data.len() == n * k / QK * BLOCK_BYTES).then_some(Self {
+            n,
+            k,
+            data,
+        })
     }
 
     fn row(&self, i: usize) -> &[u8] {

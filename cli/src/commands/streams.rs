@@ -1,0 +1,354 @@
+//! `memctl ingest`, `query`, `memory …` and `streams …`: persistent streams in the store.
+
+use std::io::{IsTerminal, Read, Write};
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use memagent_engine::agent::extract_answer;
+use memagent_store::{general_answer, Author, Ingestor, MemoryVersion, Store, GENERAL};
+use serde_json::json;
+
+use super::{print_json, ModelBackend};
+use crate::cli::{GlobalArgs, IngestArgs, MemoryCommand, QueryArgs, StreamsCommand};
+use crate::settings;
+
+fn open_store(global: &GlobalArgs) -> Result<Store> {
+    let dir = settings::data_dir(global)?;
+    tracing::debug!("data directory {}", dir.display());
+    Ok(Store::open(&dir)?)
+}
+
+pub fn ingest(global: &GlobalArgs, args: &IngestArgs) -> Result<()> {
+    let store = open_store(global)?;
+    let (text, source) = match args.file.as_deref() {
+        Some(path) if path.as_os_str() != "-" => {
+            let text = super::read_document(Some(path))?;
+            let name = std::fs::canonicalize(path)
+                .unwrap_or_else(|_| path.to_path_buf())
+                .display()
+                .to_string();
+            (text, Some(name))
+        }
+        _ => (super::read_document(None)?, None),
+    };
+    let appended =
+        store.append_with(&args.stream, text.as_bytes(), source.as_deref(), args.force)?;
+    if appended.revision {
+        tracing::warn!(
+            "{} changed since it was last ingested; appended it whole as a new revision",
+            source.as_deref().unwrap_or("the input")
+        );
+    }
+    tracing::info!(
+        "appended {} bytes to `{}` (log now {} bytes)",
+        appended.bytes,
+        args.stream,
+        appended.log_len
+    );
+    let mut steps = Vec::new();
+    if !args.no_process {
+        let backend = ModelBackend::open(global, &args.run.backend)?;
+        let (model, sha) = backend.identity()?;
+        backend.with_agent(&args.run, |agent| {
+            let ingestor = Ingestor::new(&store, agent, model, sha);
+            let stream = store.require(&args.stream)?;
+            let start = store.cursor(&stream, GENERAL)?.offset;
+            let bar = (!global.quiet && !args.json && std::io::stderr().is_terminal()).then(|| {
+                let bar = ProgressBar::new(stream.log_len - start);
+                bar.set_style(
+                    ProgressStyle::with_template(
+                        "{spinner} [{bar:30}] {bytes}/{total_bytes} {msg} · ETA {eta}",
+                    )
+                    .expect("a valid progress template")
+                    .progress_chars("=> "),
+                );
+                bar
+            });
+            while let Some(step) = ingestor.step(&args.stream)? {
+                if let Some(bar) = &bar {
+                    bar.set_position(step.chunk.end - start);
+                    bar.set_message(format!("memory v{}", step.version.version));
+                }
+                tracing::info!(
+                    "chunk {} ({} tokens) -> memory v{} ({} tokens{}) in {:.1}s",
+                    step.chunk.index,
+                    step.chunk.tokens,
+                    step.version.version,
+                    step.version.tokens,
+                    if step.version.cut { ", cut" } else { "" },
+                    step.version.seconds
+                );
+                steps.push(step);
+            }
+            if let Some(bar) = bar {
+                bar.finish_and_clear();
+            }
+            Ok(())
+        })?;
+    }
+    let stream = store.require(&args.stream)?;
+    let cursor = store.cursor(&stream, GENERAL)?;
+    if args.json {
+        return print_json(&json!({
+            "stream": args.stream,
+            "appended_bytes": appended.bytes,
+            "revision": appended.revision,
+            "log_bytes": stream.log_len,
+            "pending_bytes": stream.log_len - cursor.offset,
+            "steps": steps.iter().map(|s| json!({
+                "chunk": s.chunk.index, "tokens": s.chunk.tokens,
+                "version": s.version.version, "memory_tokens": s.version.tokens,
+                "cut": s.version.cut, "seconds": s.version.seconds,
+            })).collect::<Vec<_>>(),
+            "version": cursor.version,
+        }));
+    }
+    writeln!(
+        std::io::stdout().lock(),
+        "{}: appended {} bytes; {} chunks read; memory v{}; {} bytes pending",
+        args.stream,
+        appended.bytes,
+        steps.len(),
+        cursor.version,
+        stream.log_len - cursor.offset
+    )?;
+    Ok(())
+}
+
+fn version_at(store: &Store, stream: &str, at: Option<u64>) -> Result<MemoryVersion> {
+    let record = store.require(stream)?;
+    let found = match at {
+        Some(v) => store.version(&record, GENERAL, v)?,
+        None => store.latest(&record, GENERAL)?,
+    };
+    match (found, at) {
+        (Some(v), _) => Ok(v),
+        (None, Some(v)) => bail!(
+            "stream `{stream}` has no memory version {v}; `memctl memory history {stream}` lists them"
+        ),
+        (None, None) => bail!(
+            "stream `{stream}` has no memory yet; run `memctl ingest {stream}` to read its content"
+        ),
+    }
+}
+
+pub fn query(global: &GlobalArgs, args: &QueryArgs) -> Result<()> {
+    let store = open_store(global)?;
+    let memory = version_at(&store, &args.stream, args.at)?;
+    let backend = ModelBackend::open(global, &args.run.backend)?;
+    let report = backend.with_agent(&args.run, |agent| {
+        Ok(general_answer(agent, &memory, &args.question)?)
+    })?;
+    if args.json {
+        return print_json(&json!({
+            "stream": args.stream,
+            "version": memory.version,
+            "question": args.question,
+            "answer": report.reply,
+            "extracted": extract_answer(&report.reply),
+            "template": report.template,
+            "prompt_tokens": report.prompt_tokens,
+            "completion_tokens": report.completion_tokens,
+            "seconds": report.seconds,
+        }));
+    }
+    writeln!(std::io::stdout().lock(), "{}", report.reply.trim())?;
+    Ok(())
+}
+
+fn version_json(v: &MemoryVersion) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or_default()
+}
+
+pub fn memory(global: &GlobalArgs, command: &MemoryCommand) -> Result<()> {
+    let store = open_store(global)?;
+    let mut out = std::io::stdout().lock();
+    match command {
+        MemoryCommand::Show { stream, at, json } => {
+            let v = version_at(&store, stream, *at)?;
+            if *json {
+                return print_json(&version_json(&v));
+            }
+            writeln!(out, "{}", v.text)?;
+        }
+        MemoryCommand::History { stream, json } => {
+            let record = store.require(stream)?;
+            let versions = store.versions(&record, GENERAL)?;
+            if *json {
+                return print_json(&versions);
+            }
+            writeln!(
+                out,
+                "{:>7} {:>7} {:>6} {:>7}  {:<10} {:<26} text",
+                "version", "parent", "chunk", "tokens", "author", "template"
+            )?;
+            for v in &versions {
+                let author = match &v.author {
+                    Author::Model => "model".to_string(),
+                    Author::Person { name } => name.clone(),
+                };
+                let first_line = v.text.lines().next().unwrap_or("");
+                let preview: String = first_line.chars().take(48).collect();
+                writeln!(
+                    out,
+                    "{:>7} {:>7} {:>6} {:>7}  {:<10} {:<26} {}{}",
+                    v.version,
+                    v.parent.map_or("-".into(), |p| p.to_string()),
+                    v.chunk.map_or("-".into(), |c| c.to_string()),
+                    format!("{}{}", v.tokens, if v.cut { "*" } else { "" }),
+                    author,
+                    format!("{} v{}", v.template_id, v.template_version),
+                    preview,
+                    if first_line.chars().count() > 48 {
+                        "…"
+                    } else {
+                        ""
+                    }
+                )?;
+            }
+        }
+        MemoryCommand::Diff { stream, from, to } => {
+            let to_v = version_at(&store, stream, *to)?;
+            let from_v = match from {
+                Some(f) => version_at(&store, stream, Some(*f))?,
+                None => match to_v.parent {
+                    Some(p) => version_at(&store, stream, Some(p))?,
+                    None => bail!("version {} has no parent; name two versions", to_v.version),
+                },
+            };
+            let diff = similar::TextDiff::from_lines(&from_v.text, &to_v.text);
+            write!(
+                out,
+                "{}",
+                diff.unified_diff().header(
+                    &format!("v{}", from_v.version),
+                    &format!("v{}", to_v.version)
+                )
+            )?;
+        }
+        MemoryCommand::Edit { stream } => {
+            let record = store.require(stream)?;
+            let current = store.latest(&record, GENERAL)?;
+            let text = edited_text(current.as_ref().map_or("", |v| v.text.as_str()))?;
+            let v = store.add_version(&record, GENERAL, person_version(current.as_ref(), text))?;
+            writeln!(
+                out,
+                "{stream}: memory v{} written by {}",
+                v.version,
+                person()
+            )?;
+        }
+        MemoryCommand::Rollback { stream, version } => {
+            let record = store.require(stream)?;
+            let old = version_at(&store, stream, Some(*version))?;
+            let mut new = person_version(Some(&old), old.text.clone());
+            new.tokens = old.tokens;
+            let v = store.add_version(&record, GENERAL, new)?;
+            writeln!(out, "{stream}: memory v{} = v{version}", v.version)?;
+        }
+    }
+    Ok(())
+}
+
+fn person() -> String {
+    std::env::var("USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "person".to_string())
+}
+
+/// A version written by a person, from `text`, inheriting the model fields of `like`.
+fn person_version(like: Option<&MemoryVersion>, text: String) -> MemoryVersion {
+    MemoryVersion {
+        version: 0,
+        parent: None,
+        tokens: like.map_or(0, |v| v.tokens),
+        text,
+        chunk: None,
+        model: like.map(|v| v.model.clone()).unwrap_or_default(),
+        model_sha256: like.map(|v| v.model_sha256.clone()).unwrap_or_default(),
+        template_id: like.map(|v| v.template_id.clone()).unwrap_or_default(),
+        template_version: like.map_or(0, |v| v.template_version),
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        seconds: 0.0,
+        cut: false,
+        author: Author::Person { name: person() },
+    }
+}
+
+/// The new memory text: from $EDITOR on a terminal, else from standard input.
+fn edited_text(current: &str) -> Result<String> {
+    if !std::io::stdin().is_terminal() {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .context("cannot read the new memory from standard input")?;
+        return Ok(text);
+    }
+    let editor = std::env::var("VISUAL")
+        .or_else(|_| std::env::var("EDITOR"))
+        .unwrap_or_else(|_| "vi".to_string());
+    let path = std::env::temp_dir().join(format!("memagent-memory-{}.txt", std::process::id()));
+    std::fs::write(&path, current)?;
+    let status = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{editor} \"$1\""))
+        .arg("sh")
+        .arg(&path)
+        .status()
+        .with_context(|| format!("cannot start the editor `{editor}`"))?;
+    if !status.success() {
+        bail!("the editor `{editor}` failed ({status}); the memory is unchanged");
+    }
+    let text = std::fs::read_to_string(&path)?;
+    let _ = std::fs::remove_file(&path);
+    Ok(text)
+}
+
+pub fn streams(global: &GlobalArgs, command: &StreamsCommand) -> Result<()> {
+    let store = open_store(global)?;
+    match command {
+        StreamsCommand::List { json } => {
+            let mut rows = Vec::new();
+            for s in store.streams()? {
+                let cursor = store.cursor(&s, GENERAL)?;
+                rows.push(json!({
+                    "stream": s.name,
+                    "log_bytes": s.log_len,
+                    "pending_bytes": s.log_len - cursor.offset,
+                    "chunks": cursor.next_chunk,
+                    "version": cursor.version,
+                }));
+            }
+            if *json {
+                return print_json(&rows);
+            }
+            let mut out = std::io::stdout().lock();
+            writeln!(
+                out,
+                "{:<24} {:>12} {:>8} {:>8} {:>12}",
+                "stream", "bytes", "chunks", "version", "pending"
+            )?;
+            for r in rows {
+                writeln!(
+                    out,
+                    "{:<24} {:>12} {:>8} {:>8} {:>12}",
+                    r["stream"].as_str().unwrap_or(""),
+                    r["log_bytes"],
+                    r["chunks"],
+                    r["version"],
+                    r["pending_bytes"]
+                )?;
+            }
+        }
+        StreamsCommand::Rm { stream } => {
+            store.remove_stream(stream)?;
+            writeln!(std::io::stdout().lock(), "removed stream `{stream}`")?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,44 @@
+use std::path::PathBuf;
+
+/// Errors of the store. Each names the stream, tree, key or version it is about.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("database {path} is in use by process {pid}; stop it or wait for it to finish")]
+    InUse { path: PathBuf, pid: String },
+    #[error("cannot use the data directory {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("corrupt record {tree}/{key}: {reason}")]
+    Corrupt {
+        tree: &'static str,
+        key: String,
+        reason: String,
+    },
+    #[error(
+        "record {tree}/{key} has format version {version}, unknown to this memctl; \
+         upgrade memagent"
+    )]
+    UnknownFormat {
+        tree: &'static str,
+        key: String,
+        version: u8,
+    },
+    #[error("no stream named `{0}`; `memctl streams list` shows the streams")]
+    NoStream(String),
+    #[error("stream `{stream}` has no memory version {version}")]
+    NoVersion { stream: String, version: u64 },
+    #[error("invalid stream name `{0}`: use 1-128 characters, no control characters")]
+    BadName(String),
+    #[error("model: {0}")]
+    Engine(String),
+    #[error(transparent)]
+    Schema(#[from] memagent_migrations::Error),
+    #[error("database: {0}")]
+    Sled(#[from] sled::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,199 @@
+//! Feeding a stream's pending content through the memory loop, one committed step at a
+//! time, and answering from the stored memory.
+
+use std::time::Instant;
+
+use memagent_engine::agent::{AnswerReport, Chunk, MemoryAgent, Template, NO_MEMORY};
+use sha2::{Digest, Sha256};
+
+use crate::records::{Author, ChunkRecord, Cursor, MemoryVersion, StreamRecord, GENERAL};
+use crate::{now, Error, Result, Store};
+
+/// The general memory's update step: query-agnostic, keeps durable facts.
+pub const GENERAL_UPDATE: Template = Template {
+    id: "memagent-general-update",
+    version: 1,
+    text: include_str!("templates/general-update.txt"),
+};
+
+/// The general memory's answer step.
+pub const GENERAL_ANSWER: Template = Template {
+    id: "memagent-general-answer",
+    version: 1,
+    text: include_str!("templates/general-answer.txt"),
+};
+
+/// One committed step.
+#[derive(Debug, Clone)]
+pub struct StepOutcome {
+    pub chunk: ChunkRecord,
+    pub version: MemoryVersion,
+}
+
+/// Drives the general memory of streams with one agent.
+pub struct Ingestor<'a> {
+    store: &'a Store,
+    agent: &'a MemoryAgent<'a>,
+    model: String,
+    model_sha256: String,
+}
+
+impl<'a> Ingestor<'a> {
+    pub fn new(
+        store: &'a Store,
+        agent: &'a MemoryAgent<'a>,
+        model: impl Into<String>,
+        model_sha256: impl Into<String>,
+    ) -> Self {
+        Self {
+            store,
+            agent,
+            model: model.into(),
+            model_sha256: model_sha256.into(),
+        }
+    }
+
+    /// The next chunk after `cursor`: up to C tokens of the log, cut where the decoded
+    /// tokens end, so chunks are exact byte ranges of the log. `None` when nothing is
+    /// pending.
+    pub fn next_chunk(
+        &self,
+        stream: &StreamRecord,
+        cursor: &Cursor,
+    ) -> Result<Option<(ChunkRecord, String)>> {
+        let c = self.agent.profile.chunk_tokens;
+        let tokenizer = self.agent.tokenizer();
+        let mut window = (c as u64).saturating_mul(16).max(4096);
+        loop {
+            let end = cursor.offset.saturating_add(window).min(stream.log_len);
+            if end <= cursor.offset {
+                return Ok(None);
+            }
+            let bytes = self.store.read_log(stream, cursor.offset, end)?;
+            let text = match std::str::from_utf8(&bytes) {
+                Ok(t) => t,
+                // A window may end inside a character; the log itself is UTF-8.
+                Err(e) if e.error_len().is_none() => {
+                    std::str::from_utf8(&bytes[..e.valid_up_to()]).expect("valid prefix")
+                }
+                Err(e) => {
+                    return Err(Error::Corrupt {
+                        tree: "log",
+                        key: format!("{}/{}", stream.id, cursor.offset + e.valid_up_to() as u64),
+                        reason: "content log is not UTF-8".to_string(),
+                    })
+                }
+            };
+            let ids = tokenizer.encode(text).map_err(engine_error)?;
+            let whole = end == stream.log_len;
+            if ids.len() <= c && !whole {
+                window *= 2;
+                continue;
+            }
+            // Tokens that decode to an exact prefix of the text (a cut inside a
+            // multi-byte character does not).
+            let mut take = ids.len().min(c);
+            let piece = loop {
+                let piece = tokenizer.decode(&ids[..take]).map_err(engine_error)?;
+                if text.starts_with(&piece) && (take == ids.len() || !piece.is_empty()) {
+                    break piece;
+                }
+                take -= 1;
+                if take == 0 {
+                    return Err(Error::Corrupt {
+                        tree: "log",
+                        key: format!("{}/{}", stream.id, cursor.offset),
+                        reason: "no token boundary found in the pending text".to_string(),
+                    });
+                }
+            };
+            let piece = if take == ids.len() && whole {
+                text.to_string()
+            } else {
+                piece
+            };
+            let record = ChunkRecord {
+                index: cursor.next_chunk,
+                start: cursor.offset,
+                end: cursor.offset + piece.len() as u64,
+                tokens: take as u32,
+                sha256: Sha256::digest(piece.as_bytes()).into(),
+            };
+            return Ok(Some((record, piece)));
+        }
+    }
+
+    /// Reads the next pending chunk into the general memory and commits the step.
+    pub fn step(&self, stream: &str) -> Result<Option<StepOutcome>> {
+        let stream = self.store.require(stream)?;
+        let cursor = self.store.cursor(&stream, GENERAL)?;
+        let Some((chunk, text)) = self.next_chunk(&stream, &cursor)? else {
+            return Ok(None);
+        };
+        let previous = match cursor.version {
+            0 => NO_MEMORY.to_string(),
+            n => {
+                self.store
+                    .version(&stream, GENERAL, n)?
+                    .ok_or(Error::NoVersion {
+                        stream: stream.name.clone(),
+                        version: n,
+                    })?
+                    .text
+            }
+        };
+        let started = Instant::now();
+        let report = self
+            .agent
+            .update_with(
+                GENERAL_UPDATE,
+                "",
+                &previous,
+                &Chunk {
+                    text,
+                    tokens: chunk.tokens as usize,
+                },
+            )
+            .map_err(engine_error)?;
+        let version = MemoryVersion {
+            version: cursor.version + 1,
+            parent: (cursor.version > 0).then_some(cursor.version),
+            text: report.memory,
+            tokens: report.memory_tokens as u32,
+            chunk: Some(chunk.index),
+            model: self.model.clone(),
+            model_sha256: self.model_sha256.clone(),
+            template_id: GENERAL_UPDATE.id.to_string(),
+            template_version: GENERAL_UPDATE.version,
+            created: now(),
+            prompt_tokens: report.prompt_tokens as u32,
+            completion_tokens: report.completion_tokens as u32,
+            seconds: started.elapsed().as_secs_f64(),
+            cut: report.cut,
+            author: Author::Model,
+        };
+        let next = Cursor {
+            next_chunk: chunk.index + 1,
+            offset: chunk.end,
+            version: version.version,
+        };
+        self.store
+            .commit_step(&stream, GENERAL, &chunk, &version, &next)?;
+        Ok(Some(StepOutcome { chunk, version }))
+    }
+}
+
+/// Answers `question` from a stored memory with the general answer template.
+pub fn general_answer(
+    agent: &MemoryAgent<'_>,
+    memory: &MemoryVersion,
+    question: &str,
+) -> Result<AnswerReport> {
+    agent
+        .answer_from(GENERAL_ANSWER, question, &memory.text)
+        .map_err(engine_error)
+}
+
+fn engine_error(e: memagent_engine::Error) -> Error {
+    Error::Engine(e.to_string())
+}

@@ -1,0 +1,473 @@
+//! The memagent store: streams, their append-only content logs, the chunks each memory
+//! chain consumed, every memory version and each chain's cursor, in one sled database.
+//!
+//! Ingestion commits twice per step and the two never disagree: new content is appended
+//! and flushed before any model work ([`Store::append`]); then memory version n, the
+//! chunk it consumed and the advanced cursor are written in one transaction and flushed
+//! ([`Store::commit_step`]). A restart resumes at the first unconsumed chunk. Records
+//! are postcard behind a format byte; keys are big-endian. The store never prints and
+//! knows nothing of models beyond the names it records.
+//!
+//! ```no_run
+//! use memagent_store::Store;
+//!
+//! let store = Store::open("/tmp/memagent-data".as_ref())?;
+//! store.append("notes", b"Ada prefers tea.\n", None)?;
+//! println!("{:?}", store.stream("notes")?);
+//! # Ok::<(), memagent_store::Error>(())
+//! ```
+
+mod codec;
+mod error;
+mod ingest;
+mod records;
+
+use std::fs::File;
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sha2::{Digest, Sha256};
+use sled::transaction::{ConflictableTransactionError, TransactionError};
+use sled::{Transactional, Tree};
+
+pub use codec::show_key;
+use codec::{decode, encode, key1, key2, key3, last_u64};
+pub use error::{Error, Result};
+pub use ingest::{general_answer, Ingestor, StepOutcome, GENERAL_ANSWER, GENERAL_UPDATE};
+pub use records::{
+    Author, ChunkRecord, Cursor, MemoryVersion, SourceRecord, StreamRecord, GENERAL,
+};
+
+/// What an append did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// Bytes added to the log (0 when the source had nothing new).
+    pub bytes: u64,
+    /// The source was appended whole again (it was rewritten, or forced).
+    pub revision: bool,
+    pub log_len: u64,
+}
+
+/// An open database. One process at a time: the lock is held until drop.
+pub struct Store {
+    db: sled::Db,
+    path: PathBuf,
+    _lock: File,
+    streams: Tree,
+    stream_names: Tree,
+    log: Tree,
+    sources: Tree,
+    chunks: Tree,
+    versions: Tree,
+    cursors: Tree,
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Store {
+    /// Opens (or creates) the database in `dir`, upgrading its schema if it is older.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let io = |source| Error::Io {
+            path: dir.to_path_buf(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let lock = Self::lock(dir)?;
+        let db = sled::Config::new().path(dir.join("db")).open()?;
+        memagent_migrations::migrate(&db)?;
+        Ok(Self {
+            streams: db.open_tree("streams")?,
+            stream_names: db.open_tree("stream_names")?,
+            log: db.open_tree("log")?,
+            sources: db.open_tree("sources")?,
+            chunks: db.open_tree("chunks")?,
+            versions: db.open_tree("versions")?,
+            cursors: db.open_tree("cursors")?,
+            path: dir.to_path_buf(),
+            _lock: lock,
+            db,
+        })
+    }
+
+    /// Takes the data directory's lock file, writing our process id into it; a held lock
+    /// is an error naming the process that holds it.
+    fn lock(dir: &Path) -> Result<File> {
+        let path = dir.join("lock");
+        let io = |source| Error::Io {
+            path: path.clone(),
+            source,
+        };
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut pid = String::new();
+                let _ = file.read_to_string(&mut pid);
+                let pid = pid.trim();
+                return Err(Error::InUse {
+                    path: dir.to_path_buf(),
+                    pid: if pid.is_empty() {
+                        "unknown".into()
+                    } else {
+                        pid.into()
+                    },
+                });
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+        }
+        file.set_len(0).map_err(io)?;
+        file.rewind().map_err(io)?;
+        write!(file, "{}", std::process::id()).map_err(io)?;
+        file.sync_all().map_err(io)?;
+        Ok(file)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes the database takes on disk.
+    pub fn size_on_disk(&self) -> Result<u64> {
+        Ok(self.db.size_on_disk()?)
+    }
+
+    pub fn flush(&self) -> Result<()> {
+        self.db.flush()?;
+        Ok(())
+    }
+
+    pub fn stream(&self, name: &str) -> Result<Option<StreamRecord>> {
+        self.streams
+            .get(name.as_bytes())?
+            .map(|v| decode("streams", name.as_bytes(), &v))
+            .transpose()
+    }
+
+    /// The stream, or an error naming it.
+    pub fn require(&self, name: &str) -> Result<StreamRecord> {
+        self.stream(name)?
+            .ok_or_else(|| Error::NoStream(name.to_string()))
+    }
+
+    pub fn streams(&self) -> Result<Vec<StreamRecord>> {
+        self.streams
+            .iter()
+            .map(|item| {
+                let (k, v) = item?;
+                decode("streams", &k, &v)
+            })
+            .collect()
+    }
+
+    fn check_name(name: &str) -> Result<()> {
+        if name.is_empty() || name.chars().count() > 128 || name.chars().any(char::is_control) {
+            return Err(Error::BadName(name.to_string()));
+        }
+        Ok(())
+    }
+
+    /// The stream, created empty if it does not exist.
+    pub fn create_stream(&self, name: &str) -> Result<StreamRecord> {
+        Self::check_name(name)?;
+        if let Some(s) = self.stream(name)? {
+            return Ok(s);
+        }
+        let record = StreamRecord {
+            id: self.db.generate_id()? + 1,
+            name: name.to_string(),
+            created: now(),
+            log_len: 0,
+        };
+        self.streams.insert(name.as_bytes(), encode(&record))?;
+        self.stream_names.insert(key1(record.id), name.as_bytes())?;
+        self.db.flush()?;
+        Ok(record)
+    }
+
+    /// Deletes a stream with its log, chunks, memories and cursors.
+    pub fn remove_stream(&self, name: &str) -> Result<()> {
+        let stream = self.require(name)?;
+        let prefix = key1(stream.id);
+        for tree in [
+            &self.log,
+            &self.sources,
+            &self.chunks,
+            &self.versions,
+            &self.cursors,
+        ] {
+            for key in tree.scan_prefix(prefix).keys() {
+                tree.remove(key?)?;
+            }
+        }
+        self.stream_names.remove(prefix)?;
+        self.streams.remove(name.as_bytes())?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// Commit 1: appends `bytes` to the stream's log (creating the stream) and flushes.
+    ///
+    /// With a `source` name, the source's whole current content is `bytes`: only what
+    /// follows the part appended before is added, when that part is unchanged (same
+    /// sha256); a changed source is appended whole as a new revision. `force` appends it
+    /// whole regardless.
+    pub fn append(&self, stream: &str, bytes: &[u8], source: Option<&str>) -> Result<Appended> {
+        self.append_with(stream, bytes, source, false)
+    }
+
+    pub fn append_with(
+        &self,
+        stream: &str,
+        bytes: &[u8],
+        source: Option<&str>,
+        force: bool,
+    ) -> Result<Appended> {
+        let record = self.create_stream(stream)?;
+        let source_key = source.map(|name| {
+            let mut key = key1(record.id).to_vec();
+            key.extend_from_slice(&Sha256::digest(name.as_bytes()));
+            key
+        });
+        let previous: Option<SourceRecord> = match &source_key {
+            Some(key) => self
+                .sources
+                .get(key)?
+                .map(|v| decode("sources", key, &v))
+                .transpose()?,
+            None => None,
+        };
+        let (new, revision) = match &previous {
+            Some(prev) if !force => {
+                let seen = prev.bytes as usize;
+                let unchanged =
+                    bytes.len() >= seen && Sha256::digest(&bytes[..seen]).as_slice() == prev.sha256;
+                if unchanged {
+                    (&bytes[seen..], false)
+                } else {
+                    (bytes, true)
+                }
+            }
+            Some(_) => (bytes, true),
+            None => (bytes, false),
+        };
+        let mut updated = record.clone();
+        updated.log_len += new.len() as u64;
+        let source_record = source.map(|name| SourceRecord {
+            name: name.to_string(),
+            bytes: bytes.len() as u64,
+            sha256: Sha256::digest(bytes).into(),
+            revisions: previous.as_ref().map_or(0, |p| p.revisions) + u32::from(revision),
+        });
+        if new.is_empty() && source_record.as_ref() == previous.as_ref() {
+            return Ok(Appended {
+                bytes: 0,
+                revision,
+                log_len: record.log_len,
+            });
+        }
+        let outcome: std::result::Result<(), TransactionError<Error>> =
+            (&self.streams, &self.log, &self.sources).transaction(|(streams, log, sources)| {
+                if !new.is_empty() {
+                    let mut value = vec![codec::FORMAT];
+                    value.extend_from_slice(new);
+                    log.insert(&key2(record.id, record.log_len), value)?;
+                }
+                streams.insert(stream.as_bytes(), encode(&updated))?;
+                if let (Some(key), Some(src)) = (&source_key, &source_record) {
+                    sources.insert(key.as_slice(), encode(src))?;
+                }
+                Ok::<(), ConflictableTransactionError<Error>>(())
+            });
+        transaction_result(outcome)?;
+        self.db.flush()?;
+        Ok(Appended {
+            bytes: new.len() as u64,
+            revision,
+            log_len: updated.log_len,
+        })
+    }
+
+    /// Bytes `[from, to)` of a stream's content log.
+    pub fn read_log(&self, stream: &StreamRecord, from: u64, to: u64) -> Result<Vec<u8>> {
+        let to = to.min(stream.log_len);
+        let mut out = Vec::with_capacity(to.saturating_sub(from) as usize);
+        if from >= to {
+            return Ok(out);
+        }
+        // The segment holding `from` starts at the greatest key <= from.
+        let start = match self
+            .log
+            .range(key2(stream.id, 0)..=key2(stream.id, from))
+            .next_back()
+        {
+            Some(item) => item?.0.to_vec(),
+            None => key2(stream.id, 0).to_vec(),
+        };
+        for item in self.log.range(start..key2(stream.id, to).to_vec()) {
+            let (key, value) = item?;
+            let at = last_u64(&key);
+            let body = match value.split_first() {
+                Some((&codec::FORMAT, body)) => body,
+                Some((&v, _)) => {
+                    return Err(Error::UnknownFormat {
+                        tree: "log",
+                        key: show_key(&key),
+                        version: v,
+                    })
+                }
+                None => {
+                    return Err(Error::Corrupt {
+                        tree: "log",
+                        key: show_key(&key),
+                        reason: "empty value".to_string(),
+                    })
+                }
+            };
+            let seg_end = at + body.len() as u64;
+            let lo = from.max(at);
+            let hi = to.min(seg_end);
+            if lo < hi {
+                out.extend_from_slice(&body[(lo - at) as usize..(hi - at) as usize]);
+            }
+        }
+        if out.len() as u64 != to - from {
+            return Err(Error::Corrupt {
+                tree: "log",
+                key: format!("{}/{from}..{to}", stream.id),
+                reason: format!("log holds {} of {} bytes", out.len(), to - from),
+            });
+        }
+        Ok(out)
+    }
+
+    pub fn cursor(&self, stream: &StreamRecord, chain: u64) -> Result<Cursor> {
+        let key = key2(stream.id, chain);
+        Ok(self
+            .cursors
+            .get(key)?
+            .map(|v| decode("cursors", &key, &v))
+            .transpose()?
+            .unwrap_or_default())
+    }
+
+    /// Commit 2: memory version `version.version`, the chunk it consumed and the advanced
+    /// cursor, in one transaction, then flushed.
+    pub fn commit_step(
+        &self,
+        stream: &StreamRecord,
+        chain: u64,
+        chunk: &ChunkRecord,
+        version: &MemoryVersion,
+        cursor: &Cursor,
+    ) -> Result<()> {
+        let outcome: std::result::Result<(), TransactionError<Error>> =
+            (&self.chunks, &self.versions, &self.cursors).transaction(
+                |(chunks, versions, cursors)| {
+                    // Chunks are shared by all chains of a stream: the general chain
+                    // defines them, question chains replay them.
+                    if chain == GENERAL {
+                        chunks.insert(&key2(stream.id, chunk.index), encode(chunk))?;
+                    }
+                    versions.insert(&key3(stream.id, chain, version.version), encode(version))?;
+                    cursors.insert(&key2(stream.id, chain), encode(cursor))?;
+                    Ok::<(), ConflictableTransactionError<Error>>(())
+                },
+            );
+        transaction_result(outcome)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// Adds a version that consumed no chunk (an edit or a rollback); the cursor keeps its
+    /// place and records the new latest version.
+    pub fn add_version(
+        &self,
+        stream: &StreamRecord,
+        chain: u64,
+        mut version: MemoryVersion,
+    ) -> Result<MemoryVersion> {
+        let mut cursor = self.cursor(stream, chain)?;
+        version.version = cursor.version + 1;
+        version.parent = (cursor.version > 0).then_some(cursor.version);
+        cursor.version = version.version;
+        let outcome: std::result::Result<(), TransactionError<Error>> =
+            (&self.versions, &self.cursors).transaction(|(versions, cursors)| {
+                versions.insert(&key3(stream.id, chain, version.version), encode(&version))?;
+                cursors.insert(&key2(stream.id, chain), encode(&cursor))?;
+                Ok::<(), ConflictableTransactionError<Error>>(())
+            });
+        transaction_result(outcome)?;
+        self.db.flush()?;
+        Ok(version)
+    }
+
+    pub fn version(
+        &self,
+        stream: &StreamRecord,
+        chain: u64,
+        version: u64,
+    ) -> Result<Option<MemoryVersion>> {
+        let key = key3(stream.id, chain, version);
+        self.versions
+            .get(key)?
+            .map(|v| decode("versions", &key, &v))
+            .transpose()
+    }
+
+    /// The latest version of a chain, if any.
+    pub fn latest(&self, stream: &StreamRecord, chain: u64) -> Result<Option<MemoryVersion>> {
+        match self.cursor(stream, chain)?.version {
+            0 => Ok(None),
+            n => self.version(stream, chain, n),
+        }
+    }
+
+    /// Every version of a chain, oldest first.
+    pub fn versions(&self, stream: &StreamRecord, chain: u64) -> Result<Vec<MemoryVersion>> {
+        self.versions
+            .scan_prefix(key2(stream.id, chain))
+            .map(|item| {
+                let (k, v) = item?;
+                decode("versions", &k, &v)
+            })
+            .collect()
+    }
+
+    /// Every chunk of a stream, in order.
+    pub fn chunks(&self, stream: &StreamRecord) -> Result<Vec<ChunkRecord>> {
+        self.chunks
+            .scan_prefix(key1(stream.id))
+            .map(|item| {
+                let (k, v) = item?;
+                decode("chunks", &k, &v)
+            })
+            .collect()
+    }
+
+    /// Raw access for tests of corruption handling: overwrites one record's bytes.
+    #[doc(hidden)]
+    pub fn raw_insert(&self, tree: &str, key: &[u8], value: &[u8]) -> Result<()> {
+        self.db.open_tree(tree)?.insert(key, value)?;
+        self.db.flush()?;
+        Ok(())
+    }
+}
+
+fn transaction_result(outcome: std::result::Result<(), TransactionError<Error>>) -> Result<()> {
+    match outcome {
+        Ok(()) => Ok(()),
+        Err(TransactionError::Abort(e)) => Err(e),
+        Err(TransactionError::Storage(e)) => Err(e.into()),
+    }
+}

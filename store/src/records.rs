@@ -1,0 +1,83 @@
+//! The records of the database (see `docs/storage.md` for the layout).
+
+use serde::{Deserialize, Serialize};
+
+/// Chain of the general (query-agnostic) memory of a stream.
+pub const GENERAL: u64 = 0;
+
+/// A stream: an append-only log of text and the memories built from it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamRecord {
+    pub id: u64,
+    pub name: String,
+    /// Seconds since the Unix epoch.
+    pub created: u64,
+    /// Bytes in the content log.
+    pub log_len: u64,
+}
+
+/// What was taken from one source (a file, or standard input), so that ingesting it
+/// again appends only what is new.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SourceRecord {
+    pub name: String,
+    /// Bytes of the source appended so far.
+    pub bytes: u64,
+    /// sha256 of those bytes.
+    pub sha256: [u8; 32],
+    /// Times the source was appended whole again (rewritten, or `--force`).
+    pub revisions: u32,
+}
+
+/// A chunk of the content log, as consumed by a memory chain.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChunkRecord {
+    pub index: u64,
+    /// Byte range of the content log.
+    pub start: u64,
+    pub end: u64,
+    pub tokens: u32,
+    pub sha256: [u8; 32],
+}
+
+/// Who wrote a memory version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Author {
+    Model,
+    Person { name: String },
+}
+
+/// One state of a memory: version n of a chain.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryVersion {
+    pub version: u64,
+    pub parent: Option<u64>,
+    pub text: String,
+    pub tokens: u32,
+    /// The chunk this version consumed (none for edits and rollbacks).
+    pub chunk: Option<u64>,
+    pub model: String,
+    pub model_sha256: String,
+    pub template_id: String,
+    pub template_version: u32,
+    /// Seconds since the Unix epoch.
+    pub created: u64,
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub seconds: f64,
+    /// The memory reached the cap M and was cut there.
+    pub cut: bool,
+    pub author: Author,
+}
+
+/// How far a memory chain has read its stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Cursor {
+    /// Index of the next chunk to consume.
+    pub next_chunk: u64,
+    /// Byte offset in the content log where the next chunk starts.
+    pub offset: u64,
+    /// Latest memory version of the chain (0 = none yet).
+    pub version: u64,
+}
