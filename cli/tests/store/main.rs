@@ -1,6 +1,7 @@
 //! Persistent streams with real `memctl` processes, a real sled database on disk and the
 //! real default model.
 
+mod commands;
 mod crash;
 
 use std::path::PathBuf;

@@ -1,0 +1,177 @@
+//! `memctl ingest`, `query --at`, `memory show|history|diff|edit|rollback`, `streams`
+//! and the lock, as real processes.
+
+use std::io::Write;
+use std::process::Stdio;
+
+use serde_json::Value;
+
+use crate::{data_dir, memctl, run, stderr};
+
+fn stdout(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn json(o: &std::process::Output) -> Value {
+    assert!(o.status.success(), "{}", stderr(o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+#[test]
+fn memory_versions_can_be_queried_compared_edited_and_rolled_back() {
+    let dir = data_dir("commands");
+    let file = dir.join("notes.txt");
+    std::fs::write(
+        &file,
+        "Ines runs the harbour office. It opens on Monday.\n".repeat(6),
+    )
+    .unwrap();
+    let ingest = [
+        "ingest",
+        "notes",
+        file.to_str().unwrap(),
+        "--chunk-tokens",
+        "48",
+        "--memory-tokens",
+        "32",
+        "--json",
+    ];
+    let first = json(&run(&dir, &ingest));
+    let n = first["version"].as_u64().unwrap();
+    assert!(n >= 2, "{first:#}");
+    assert_eq!(first["pending_bytes"], 0);
+    // The same file again appends nothing and reads nothing.
+    let again = json(&run(&dir, &ingest));
+    assert_eq!(again["appended_bytes"], 0);
+    assert_eq!(again["version"], n);
+
+    let history = json(&run(&dir, &["memory", "history", "notes", "--json"]));
+    let versions = history.as_array().unwrap();
+    assert_eq!(versions.len() as u64, n);
+    assert_eq!(versions[1]["parent"], 1);
+    assert_eq!(versions[0]["template_id"], "memagent-general-update");
+    assert_eq!(versions[0]["author"], "model");
+
+    // --at answers from an older memory.
+    let q = json(&run(
+        &dir,
+        &[
+            "query",
+            "notes",
+            "Who runs the harbour office?",
+            "--at",
+            "1",
+            "--json",
+            "--answer-tokens",
+            "24",
+        ],
+    ));
+    assert_eq!(q["version"], 1);
+    assert!(!q["answer"].as_str().unwrap().is_empty());
+    let o = run(&dir, &["query", "notes", "Who?", "--at", "99"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("no memory version 99"),
+        "{}",
+        stderr(&o)
+    );
+
+    // Edit from stdin: a new version by a person.
+    let mut child = memctl(&dir, &["memory", "edit", "notes"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env("USER", "ada")
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"Ines runs the office.\nOpens Monday.\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let edited = json(&run(&dir, &["memory", "show", "notes", "--json"]));
+    assert_eq!(edited["version"], n + 1);
+    assert_eq!(edited["parent"], n);
+    assert_eq!(edited["text"], "Ines runs the office.\nOpens Monday.\n");
+    assert_eq!(edited["author"]["person"]["name"], "ada");
+
+    let diff = stdout(&run(&dir, &["memory", "diff", "notes"]));
+    assert!(
+        diff.contains(&format!("--- v{n}")) && diff.contains(&format!("+++ v{}", n + 1)),
+        "{diff}"
+    );
+    assert!(diff.contains("+Opens Monday."), "{diff}");
+
+    // Rollback adds a version equal to an old one; history is kept.
+    let o = run(&dir, &["memory", "rollback", "notes", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let latest = json(&run(&dir, &["memory", "show", "notes", "--json"]));
+    let v1 = json(&run(
+        &dir,
+        &["memory", "show", "notes", "--at", "1", "--json"],
+    ));
+    assert_eq!(latest["version"], n + 2);
+    assert_eq!(latest["text"], v1["text"]);
+    let history = json(&run(&dir, &["memory", "history", "notes", "--json"]));
+    assert_eq!(history.as_array().unwrap().len() as u64, n + 2);
+
+    let list = json(&run(&dir, &["streams", "list", "--json"]));
+    assert_eq!(list[0]["stream"], "notes");
+    assert_eq!(list[0]["version"], n + 2);
+    let o = run(&dir, &["streams", "rm", "notes"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(&dir, &["memory", "show", "notes"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("no stream named `notes`"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn a_second_memctl_gets_the_lock_error_with_the_holders_pid() {
+    let dir = data_dir("lock");
+    let file = dir.join("big.txt");
+    std::fs::write(&file, "The tide comes in and goes out again. ".repeat(400)).unwrap();
+    // A long ingest holds the database while the second command runs.
+    let mut holder = memctl(
+        &dir,
+        &[
+            "ingest",
+            "s",
+            file.to_str().unwrap(),
+            "--chunk-tokens",
+            "32",
+            "--memory-tokens",
+            "32",
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let lock = dir.join("lock");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let expected = format!("in use by process {}", holder.id());
+    let mut seen = String::new();
+    while std::time::Instant::now() < deadline {
+        let pid_written =
+            std::fs::read_to_string(&lock).is_ok_and(|p| p.trim() == holder.id().to_string());
+        if pid_written {
+            let o = run(&dir, &["streams", "list"]);
+            seen = stderr(&o);
+            if seen.contains(&expected) {
+                assert_eq!(o.status.code(), Some(1));
+                break;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert!(seen.contains(&expected), "{seen}");
+}

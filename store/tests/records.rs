@@ -1,0 +1,180 @@
+//! The store on a real sled database on disk: appends, the version chain, and records
+//! that are corrupt, truncated or of an unknown format (errors that name the key).
+
+use std::path::PathBuf;
+
+use memagent_store::{Author, Error, MemoryVersion, Store, GENERAL};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("memagent-store-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn person_version(text: &str) -> MemoryVersion {
+    MemoryVersion {
+        version: 0,
+        parent: None,
+        text: text.to_string(),
+        tokens: 3,
+        chunk: None,
+        model: String::new(),
+        model_sha256: String::new(),
+        template_id: String::new(),
+        template_version: 0,
+        created: 0,
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        seconds: 0.0,
+        cut: false,
+        author: Author::Person {
+            name: "ada".to_string(),
+        },
+    }
+}
+
+#[test]
+fn appends_are_deduplicated_per_source_and_survive_reopening() {
+    let dir = scratch("append");
+    {
+        let store = Store::open(&dir).unwrap();
+        let a = store.append("notes", b"one\n", Some("/tmp/a.txt")).unwrap();
+        assert_eq!((a.bytes, a.revision), (4, false));
+        let b = store
+            .append("notes", b"one\ntwo\n", Some("/tmp/a.txt"))
+            .unwrap();
+        assert_eq!((b.bytes, b.revision), (4, false), "only the new bytes");
+        let c = store
+            .append("notes", b"one\ntwo\n", Some("/tmp/a.txt"))
+            .unwrap();
+        assert_eq!(c.bytes, 0, "nothing new");
+        let d = store.append("notes", b"ONE\n", Some("/tmp/a.txt")).unwrap();
+        assert_eq!(
+            (d.bytes, d.revision),
+            (4, true),
+            "a rewritten source is a revision"
+        );
+        let e = store
+            .append_with("notes", b"ONE\n", Some("/tmp/a.txt"), true)
+            .unwrap();
+        assert_eq!(e.bytes, 4, "forced");
+    }
+    let store = Store::open(&dir).unwrap();
+    let s = store.require("notes").unwrap();
+    let log = store.read_log(&s, 0, s.log_len).unwrap();
+    assert_eq!(log, b"one\ntwo\nONE\nONE\n");
+    assert_eq!(store.read_log(&s, 2, 9).unwrap(), b"e\ntwo\nO");
+}
+
+#[test]
+fn versions_chain_through_edits() {
+    let dir = scratch("chain");
+    let store = Store::open(&dir).unwrap();
+    let s = store.create_stream("notes").unwrap();
+    let v1 = store.add_version(&s, GENERAL, person_version("a")).unwrap();
+    let v2 = store.add_version(&s, GENERAL, person_version("b")).unwrap();
+    assert_eq!((v1.version, v1.parent), (1, None));
+    assert_eq!((v2.version, v2.parent), (2, Some(1)));
+    assert_eq!(store.latest(&s, GENERAL).unwrap().unwrap().text, "b");
+    assert_eq!(store.version(&s, GENERAL, 1).unwrap().unwrap().text, "a");
+}
+
+#[test]
+fn corrupt_records_are_errors_that_name_the_key() {
+    let dir = scratch("corrupt");
+    let store = Store::open(&dir).unwrap();
+    let s = store.create_stream("notes").unwrap();
+    store
+        .add_version(&s, GENERAL, person_version("kept"))
+        .unwrap();
+    let version_key: Vec<u8> = [s.id, GENERAL, 1]
+        .iter()
+        .flat_map(|n| n.to_be_bytes())
+        .collect();
+
+    // Truncated: a valid format byte, then too few bytes.
+    let full = {
+        let mut v = vec![1u8];
+        v.extend_from_slice(&[1, 2]);
+        v
+    };
+    store.raw_insert("versions", &version_key, &full).unwrap();
+    let err = store.version(&s, GENERAL, 1).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Corrupt {
+                tree: "versions",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains(&format!("versions/{}/0/1", s.id)),
+        "{err}"
+    );
+
+    // Unknown format version.
+    store
+        .raw_insert("versions", &version_key, &[9, 0, 0])
+        .unwrap();
+    let err = store.versions(&s, GENERAL).unwrap_err();
+    assert!(
+        matches!(err, Error::UnknownFormat { version: 9, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("format version 9"), "{err}");
+
+    // Empty value.
+    store.raw_insert("streams", b"notes", &[]).unwrap();
+    let err = store.stream("notes").unwrap_err();
+    assert!(
+        err.to_string().contains("streams/notes") && err.to_string().contains("empty"),
+        "{err}"
+    );
+
+    // Garbage in the content log.
+    let s2 = store.create_stream("other").unwrap();
+    store.append("other", b"hello", None).unwrap();
+    let log_key: Vec<u8> = [s2.id, 0].iter().flat_map(|n| n.to_be_bytes()).collect();
+    store.raw_insert("log", &log_key, &[4, 1]).unwrap();
+    let s2 = store.require("other").unwrap();
+    let err = store.read_log(&s2, 0, 5).unwrap_err();
+    assert!(
+        err.to_string().contains(&format!("log/{}/0", s2.id)),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_second_open_names_the_process_that_holds_the_database() {
+    let dir = scratch("lock");
+    let _held = Store::open(&dir).unwrap();
+    // The lock is per open file description, so a second open in this process is refused
+    // just as another process would be.
+    let err = Store::open(&dir).err().expect("the database is held");
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("in use by process {}", std::process::id())),
+        "{text}"
+    );
+}
+
+#[test]
+fn removing_a_stream_removes_its_records() {
+    let dir = scratch("rm");
+    let store = Store::open(&dir).unwrap();
+    store.append("gone", b"text", None).unwrap();
+    let s = store.require("gone").unwrap();
+    store.add_version(&s, GENERAL, person_version("m")).unwrap();
+    store.append("kept", b"other", None).unwrap();
+    store.remove_stream("gone").unwrap();
+    assert!(store.stream("gone").unwrap().is_none());
+    assert!(matches!(
+        store.remove_stream("gone"),
+        Err(Error::NoStream(_))
+    ));
+    let kept = store.require("kept").unwrap();
+    assert_eq!(store.read_log(&kept, 0, kept.log_len).unwrap(), b"other");
+}
