@@ -83,6 +83,16 @@ pub enum Command {
     /// List or remove streams
     #[command(subcommand)]
     Streams(StreamsCommand),
+    /// Write a stream (log, chunks, every memory version) as JSON Lines to stdout
+    Export { stream: String },
+    /// Recreate a stream from `memctl export` output (a file, or - for standard input)
+    Import {
+        /// The export [default: -]
+        file: Option<PathBuf>,
+        /// Import under this name instead of the exported one
+        #[arg(long, value_name = "NAME")]
+        stream: Option<String>,
+    },
     /// One chat turn with the model: prints its reply
     Generate(GenerateArgs),
     /// Facts about the model file

@@ -33,6 +33,8 @@ pub enum Error {
     NoVersion { stream: String, version: u64 },
     #[error("invalid stream name `{0}`: use 1-128 characters, no control characters")]
     BadName(String),
+    #[error("import: {0}")]
+    Import(String),
     #[error("model: {0}")]
     Engine(String),
     #[error(transparent)]

@@ -21,6 +21,7 @@ mod codec;
 mod error;
 mod ingest;
 mod records;
+mod transfer;
 
 use std::fs::File;
 use std::io::{Read, Seek, Write};
@@ -38,6 +39,7 @@ pub use ingest::{general_answer, Ingestor, StepOutcome, GENERAL_ANSWER, GENERAL_
 pub use records::{
     Author, ChunkRecord, Cursor, MemoryVersion, SourceRecord, StreamRecord, GENERAL,
 };
+pub use transfer::{ExportRecord, EXPORT_FORMAT};
 
 /// What an append did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -234,11 +236,7 @@ impl Store {
         force: bool,
     ) -> Result<Appended> {
         let record = self.create_stream(stream)?;
-        let source_key = source.map(|name| {
-            let mut key = key1(record.id).to_vec();
-            key.extend_from_slice(&Sha256::digest(name.as_bytes()));
-            key
-        });
+        let source_key = source.map(|name| source_key(record.id, name));
         let previous: Option<SourceRecord> = match &source_key {
             Some(key) => self
                 .sources
@@ -462,6 +460,13 @@ impl Store {
         self.db.flush()?;
         Ok(())
     }
+}
+
+/// Key of a source record: stream id, then the sha256 of the source's name.
+fn source_key(stream: u64, name: &str) -> Vec<u8> {
+    let mut key = key1(stream).to_vec();
+    key.extend_from_slice(&Sha256::digest(name.as_bytes()));
+    key
 }
 
 fn transaction_result(outcome: std::result::Result<(), TransactionError<Error>>) -> Result<()> {

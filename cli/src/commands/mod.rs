@@ -31,6 +31,10 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Query(args) => streams::query(&cli.global, &args),
         Command::Memory(command) => streams::memory(&cli.global, &command),
         Command::Streams(command) => streams::streams(&cli.global, &command),
+        Command::Export { stream } => streams::export(&cli.global, &stream),
+        Command::Import { file, stream } => {
+            streams::import(&cli.global, file.as_deref(), stream.as_deref())
+        }
         Command::Generate(args) => generate::run(&cli.global, &args),
         Command::Model(ModelCommand::Info { json }) => model::info(&cli.global, json),
         Command::Tokenize(args) => tokenize::run(&cli.global, &args),

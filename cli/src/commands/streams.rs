@@ -5,7 +5,9 @@ use std::io::{IsTerminal, Read, Write};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use memagent_engine::agent::extract_answer;
-use memagent_store::{general_answer, Author, Ingestor, MemoryVersion, Store, GENERAL};
+use memagent_store::{
+    general_answer, Author, ExportRecord, Ingestor, MemoryVersion, Store, GENERAL,
+};
 use serde_json::json;
 
 use super::{print_json, ModelBackend};
@@ -338,10 +340,10 @@ pub fn streams(global: &GlobalArgs, command: &StreamsCommand) -> Result<()> {
                     out,
                     "{:<24} {:>12} {:>8} {:>8} {:>12}",
                     r["stream"].as_str().unwrap_or(""),
-                    r["log_bytes"],
-                    r["chunks"],
-                    r["version"],
-                    r["pending_bytes"]
+                    r["log_bytes"].as_u64().unwrap_or(0),
+                    r["chunks"].as_u64().unwrap_or(0),
+                    r["version"].as_u64().unwrap_or(0),
+                    r["pending_bytes"].as_u64().unwrap_or(0)
                 )?;
             }
         }
@@ -350,5 +352,45 @@ pub fn streams(global: &GlobalArgs, command: &StreamsCommand) -> Result<()> {
             writeln!(std::io::stdout().lock(), "removed stream `{stream}`")?;
         }
     }
+    Ok(())
+}
+
+pub fn export(global: &GlobalArgs, stream: &str) -> Result<()> {
+    let store = open_store(global)?;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for record in store.export(stream)? {
+        serde_json::to_writer(&mut out, &record)?;
+        writeln!(out)?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+pub fn import(
+    global: &GlobalArgs,
+    file: Option<&std::path::Path>,
+    rename: Option<&str>,
+) -> Result<()> {
+    let file = file.filter(|p| p.as_os_str() != "-");
+    let name = file.map_or("standard input".to_string(), |p| p.display().to_string());
+    let text = super::read_document(file)?;
+    let mut records = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let record: ExportRecord = serde_json::from_str(line)
+            .with_context(|| format!("{name}, line {}: not a memagent export record", i + 1))?;
+        records.push(record);
+    }
+    let store = open_store(global)?;
+    let stream = store.import(&records, rename)?;
+    writeln!(
+        std::io::stdout().lock(),
+        "imported stream `{}` ({} bytes, {} records)",
+        stream.name,
+        stream.log_len,
+        records.len()
+    )?;
     Ok(())
 }

@@ -175,3 +175,70 @@ fn a_second_memctl_gets_the_lock_error_with_the_holders_pid() {
     holder.wait().unwrap();
     assert!(seen.contains(&expected), "{seen}");
 }
+
+#[test]
+fn export_then_import_round_trips_a_stream() {
+    let dir = data_dir("export");
+    let file = dir.join("notes.txt");
+    std::fs::write(&file, "Ada likes green tea. Meeting on Friday.\n".repeat(5)).unwrap();
+    let o = run(
+        &dir,
+        &[
+            "ingest",
+            "notes",
+            file.to_str().unwrap(),
+            "--chunk-tokens",
+            "40",
+            "--memory-tokens",
+            "24",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let exported = run(&dir, &["export", "notes"]);
+    assert!(exported.status.success(), "{}", stderr(&exported));
+    let lines = stdout(&exported);
+    assert!(
+        lines.lines().next().unwrap().contains(r#""type":"stream""#),
+        "{lines}"
+    );
+    assert!(lines.contains(r#""type":"version""#) && lines.contains(r#""type":"chunk""#));
+
+    let mut child = memctl(&dir, &["import", "-", "--stream", "copy"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(lines.as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let again = stdout(&run(&dir, &["export", "copy"]));
+    assert_eq!(
+        again.lines().skip(1).collect::<Vec<_>>(),
+        lines.lines().skip(1).collect::<Vec<_>>(),
+        "every record but the name survives the round trip"
+    );
+    // Importing over an existing stream, and a malformed line, are clear errors.
+    let export_file = dir.join("notes.jsonl");
+    std::fs::write(&export_file, &lines).unwrap();
+    let o = run(&dir, &["import", export_file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("already exists"), "{}", stderr(&o));
+    std::fs::write(&export_file, format!("{lines}{{\"type\": \"nonsense\"}}\n")).unwrap();
+    let o = run(
+        &dir,
+        &["import", export_file.to_str().unwrap(), "--stream", "x"],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    let line = lines.lines().count() + 1;
+    assert!(
+        stderr(&o).contains(&format!("line {line}")),
+        "{}",
+        stderr(&o)
+    );
+}
