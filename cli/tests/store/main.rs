@@ -3,6 +3,7 @@
 
 mod commands;
 mod crash;
+mod general;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
