@@ -159,8 +159,14 @@ pub struct QueryArgs {
     pub question: String,
 
     /// Answer from this memory version instead of the latest
-    #[arg(long, value_name = "VERSION")]
+    #[arg(long, value_name = "VERSION", conflicts_with = "deep")]
     pub at: Option<u64>,
+
+    /// Read the stored chunks again with this question (the exact MemAgent protocol,
+    /// linear in the stream's length); the question keeps its own memory, so asking again
+    /// later reads only chunks that arrived since
+    #[arg(long)]
+    pub deep: bool,
 
     /// Print the answer with the version it came from as JSON
     #[arg(long)]

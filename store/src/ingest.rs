@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use memagent_engine::agent::{AnswerReport, Chunk, MemoryAgent, Template, NO_MEMORY};
+use memagent_engine::agent::{AnswerReport, Chunk, MemoryAgent, Template, NO_MEMORY, UPDATE};
 use sha2::{Digest, Sha256};
 
 use crate::records::{Author, ChunkRecord, Cursor, MemoryVersion, StreamRecord, GENERAL};
@@ -155,23 +155,7 @@ impl<'a> Ingestor<'a> {
                 },
             )
             .map_err(engine_error)?;
-        let version = MemoryVersion {
-            version: cursor.version + 1,
-            parent: (cursor.version > 0).then_some(cursor.version),
-            text: report.memory,
-            tokens: report.memory_tokens as u32,
-            chunk: Some(chunk.index),
-            model: self.model.clone(),
-            model_sha256: self.model_sha256.clone(),
-            template_id: GENERAL_UPDATE.id.to_string(),
-            template_version: GENERAL_UPDATE.version,
-            created: now(),
-            prompt_tokens: report.prompt_tokens as u32,
-            completion_tokens: report.completion_tokens as u32,
-            seconds: started.elapsed().as_secs_f64(),
-            cut: report.cut,
-            author: Author::Model,
-        };
+        let version = self.model_version(&cursor, &chunk, &report, GENERAL_UPDATE, started);
         let next = Cursor {
             next_chunk: chunk.index + 1,
             offset: chunk.end,
@@ -181,6 +165,112 @@ impl<'a> Ingestor<'a> {
             .commit_step(&stream, GENERAL, &chunk, &version, &next)?;
         Ok(Some(StepOutcome { chunk, version }))
     }
+}
+
+impl Ingestor<'_> {
+    /// A deep query: replays the stream's stored chunks with `question` through the exact
+    /// MemAgent update, continuing the question's own chain (so only chunks that arrived
+    /// since the last time are read), then answers from its memory with the MemAgent final
+    /// template.
+    pub fn deep(
+        &self,
+        stream: &str,
+        question: &str,
+        on_step: &mut dyn FnMut(&StepOutcome, usize),
+    ) -> Result<DeepAnswer> {
+        let stream = self.store.require(stream)?;
+        let record = self.store.question_chain(&stream, question)?;
+        let chunks = self.store.chunks(&stream)?;
+        let mut cursor = self.store.cursor(&stream, record.chain)?;
+        let mut memory = match self.store.latest(&stream, record.chain)? {
+            Some(v) => v.text,
+            None => NO_MEMORY.to_string(),
+        };
+        let mut steps = 0;
+        for chunk in chunks.iter().skip(cursor.next_chunk as usize) {
+            let bytes = self.store.read_log(&stream, chunk.start, chunk.end)?;
+            let text = String::from_utf8(bytes).map_err(|e| Error::Corrupt {
+                tree: "log",
+                key: format!("{}/{}", stream.id, chunk.start),
+                reason: format!("chunk {} is not UTF-8: {e}", chunk.index),
+            })?;
+            let started = Instant::now();
+            let report = self
+                .agent
+                .update(
+                    question,
+                    &memory,
+                    &Chunk {
+                        text,
+                        tokens: chunk.tokens as usize,
+                    },
+                )
+                .map_err(engine_error)?;
+            let version = self.model_version(&cursor, chunk, &report, UPDATE, started);
+            cursor = Cursor {
+                next_chunk: chunk.index + 1,
+                offset: chunk.end,
+                version: version.version,
+            };
+            self.store
+                .commit_step(&stream, record.chain, chunk, &version, &cursor)?;
+            memory.clone_from(&version.text);
+            steps += 1;
+            on_step(
+                &StepOutcome {
+                    chunk: chunk.clone(),
+                    version,
+                },
+                chunks.len(),
+            );
+        }
+        let answer = self.agent.answer(question, &memory).map_err(engine_error)?;
+        Ok(DeepAnswer {
+            chain: record.chain,
+            version: cursor.version,
+            steps,
+            answer,
+        })
+    }
+
+    fn model_version(
+        &self,
+        cursor: &Cursor,
+        chunk: &ChunkRecord,
+        report: &memagent_engine::agent::StepReport,
+        template: Template,
+        started: Instant,
+    ) -> MemoryVersion {
+        MemoryVersion {
+            version: cursor.version + 1,
+            parent: (cursor.version > 0).then_some(cursor.version),
+            text: report.memory.clone(),
+            tokens: report.memory_tokens as u32,
+            chunk: Some(chunk.index),
+            model: self.model.clone(),
+            model_sha256: self.model_sha256.clone(),
+            template_id: template.id.to_string(),
+            template_version: template.version,
+            created: now(),
+            prompt_tokens: report.prompt_tokens as u32,
+            completion_tokens: report.completion_tokens as u32,
+            seconds: started.elapsed().as_secs_f64(),
+            cut: report.cut,
+            author: Author::Model,
+        }
+    }
+}
+
+/// The result of a deep query.
+#[derive(Debug, Clone)]
+pub struct DeepAnswer {
+    /// The question's memory chain.
+    pub chain: u64,
+    /// Its latest memory version.
+    pub version: u64,
+    /// Chunks read this time.
+    pub steps: usize,
+    pub answer: AnswerReport,
 }
 
 /// Answers `question` from a stored memory with the general answer template.

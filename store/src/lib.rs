@@ -35,9 +35,11 @@ use sled::{Transactional, Tree};
 pub use codec::show_key;
 use codec::{decode, encode, key1, key2, key3, last_u64};
 pub use error::{Error, Result};
-pub use ingest::{general_answer, Ingestor, StepOutcome, GENERAL_ANSWER, GENERAL_UPDATE};
+pub use ingest::{
+    general_answer, DeepAnswer, Ingestor, StepOutcome, GENERAL_ANSWER, GENERAL_UPDATE,
+};
 pub use records::{
-    Author, ChunkRecord, Cursor, MemoryVersion, SourceRecord, StreamRecord, GENERAL,
+    Author, ChunkRecord, Cursor, MemoryVersion, QuestionRecord, SourceRecord, StreamRecord, GENERAL,
 };
 pub use transfer::{ExportRecord, EXPORT_FORMAT};
 
@@ -63,6 +65,7 @@ pub struct Store {
     chunks: Tree,
     versions: Tree,
     cursors: Tree,
+    questions: Tree,
 }
 
 fn now() -> u64 {
@@ -90,6 +93,7 @@ impl Store {
             chunks: db.open_tree("chunks")?,
             versions: db.open_tree("versions")?,
             cursors: db.open_tree("cursors")?,
+            questions: db.open_tree("questions")?,
             path: dir.to_path_buf(),
             _lock: lock,
             db,
@@ -449,6 +453,33 @@ impl Store {
             .map(|item| {
                 let (k, v) = item?;
                 decode("chunks", &k, &v)
+            })
+            .collect()
+    }
+
+    /// The memory chain of `question` on a stream, registered on first use.
+    pub fn question_chain(&self, stream: &StreamRecord, question: &str) -> Result<QuestionRecord> {
+        let key = source_key(stream.id, question);
+        if let Some(v) = self.questions.get(&key)? {
+            return decode("questions", &key, &v);
+        }
+        let chain = self.questions.scan_prefix(key1(stream.id)).count() as u64 + 1;
+        let record = QuestionRecord {
+            chain,
+            question: question.to_string(),
+        };
+        self.questions.insert(key, encode(&record))?;
+        self.db.flush()?;
+        Ok(record)
+    }
+
+    /// The questions of a stream with their chains.
+    pub fn questions(&self, stream: &StreamRecord) -> Result<Vec<QuestionRecord>> {
+        self.questions
+            .scan_prefix(key1(stream.id))
+            .map(|item| {
+                let (k, v) = item?;
+                decode("questions", &k, &v)
             })
             .collect()
     }

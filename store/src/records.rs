@@ -81,3 +81,11 @@ pub struct Cursor {
     /// Latest memory version of the chain (0 = none yet).
     pub version: u64,
 }
+
+/// A question with its own memory chain (a deep query), so that asking it again reads
+/// only chunks that arrived since.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QuestionRecord {
+    pub chain: u64,
+    pub question: String,
+}

@@ -136,6 +136,9 @@ fn version_at(store: &Store, stream: &str, at: Option<u64>) -> Result<MemoryVers
 
 pub fn query(global: &GlobalArgs, args: &QueryArgs) -> Result<()> {
     let store = open_store(global)?;
+    if args.deep {
+        return deep_query(global, args, &store);
+    }
     let memory = version_at(&store, &args.stream, args.at)?;
     let backend = ModelBackend::open(global, &args.run.backend)?;
     let report = backend.with_agent(&args.run, |agent| {
@@ -155,6 +158,56 @@ pub fn query(global: &GlobalArgs, args: &QueryArgs) -> Result<()> {
         }));
     }
     writeln!(std::io::stdout().lock(), "{}", report.reply.trim())?;
+    Ok(())
+}
+
+fn deep_query(global: &GlobalArgs, args: &QueryArgs, store: &Store) -> Result<()> {
+    store.require(&args.stream)?;
+    let backend = ModelBackend::open(global, &args.run.backend)?;
+    let (model, sha) = backend.identity()?;
+    let deep = backend.with_agent(&args.run, |agent| {
+        let ingestor = Ingestor::new(store, agent, model, sha);
+        let bar = (!global.quiet && !args.json && std::io::stderr().is_terminal()).then(|| {
+            let bar = ProgressBar::new(0);
+            bar.set_style(
+                ProgressStyle::with_template("{spinner} chunk {pos}/{len} [{bar:30}] ETA {eta}")
+                    .expect("a valid progress template")
+                    .progress_chars("=> "),
+            );
+            bar
+        });
+        let result = ingestor.deep(&args.stream, &args.question, &mut |step, total| {
+            if let Some(bar) = &bar {
+                bar.set_length(total as u64);
+                bar.set_position(step.chunk.index + 1);
+            }
+        })?;
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
+        Ok(result)
+    })?;
+    tracing::info!(
+        "question chain {}: read {} new chunks, memory v{}",
+        deep.chain,
+        deep.steps,
+        deep.version
+    );
+    if args.json {
+        return print_json(&json!({
+            "stream": args.stream,
+            "question": args.question,
+            "deep": true,
+            "chain": deep.chain,
+            "version": deep.version,
+            "chunks_read": deep.steps,
+            "answer": deep.answer.reply,
+            "extracted": deep.answer.answer,
+            "template": deep.answer.template,
+            "seconds": deep.answer.seconds,
+        }));
+    }
+    writeln!(std::io::stdout().lock(), "{}", deep.answer.answer)?;
     Ok(())
 }
 

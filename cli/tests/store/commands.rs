@@ -242,3 +242,65 @@ fn export_then_import_round_trips_a_stream() {
         stderr(&o)
     );
 }
+
+#[test]
+fn deep_query_reads_only_chunks_that_arrived_since_it_last_ran() {
+    let dir = data_dir("deep");
+    let file = dir.join("notes.txt");
+    let first = "The harbour office moved to Pier Street. The ferry leaves at dawn. ".repeat(4);
+    std::fs::write(&file, &first).unwrap();
+    let ingest = [
+        "ingest",
+        "notes",
+        file.to_str().unwrap(),
+        "--chunk-tokens",
+        "40",
+        "--memory-tokens",
+        "32",
+    ];
+    assert!(run(&dir, &ingest).status.success());
+    let history = json(&run(&dir, &["memory", "history", "notes", "--json"]));
+    let chunks = history.as_array().unwrap().len() as u64;
+    let deep = [
+        "query",
+        "notes",
+        "Where is the harbour office?",
+        "--deep",
+        "--json",
+        "--chunk-tokens",
+        "40",
+        "--memory-tokens",
+        "32",
+        "--answer-tokens",
+        "24",
+    ];
+    let a = json(&run(&dir, &deep));
+    assert_eq!(a["chain"], 1);
+    assert_eq!(
+        a["chunks_read"], chunks,
+        "the first deep query reads every chunk"
+    );
+    assert_eq!(a["version"], chunks);
+    assert_eq!(a["template"]["id"], "memagent-final-boxed");
+    let b = json(&run(&dir, &deep));
+    assert_eq!(b["chunks_read"], 0, "asking again reads nothing new");
+    assert_eq!(b["version"], chunks);
+
+    std::fs::write(
+        &file,
+        format!("{first}A new cafe opened beside the harbour office.\n"),
+    )
+    .unwrap();
+    assert!(run(&dir, &ingest).status.success());
+    let history = json(&run(&dir, &["memory", "history", "notes", "--json"]));
+    let now = history.as_array().unwrap().len() as u64;
+    assert!(now > chunks);
+    let c = json(&run(&dir, &deep));
+    assert_eq!(c["chunks_read"], now - chunks, "only the new chunks");
+    assert_eq!(c["version"], now);
+    // The general memory chain is untouched by the question's chain.
+    assert_eq!(
+        json(&run(&dir, &["memory", "show", "notes", "--json"]))["version"],
+        now
+    );
+}
