@@ -360,6 +360,32 @@ pub enum BenchCommand {
     /// Single-needle retrieval against document length: the memory loop vs the whole
     /// document in one prompt (--direct), with accuracy and seconds per 1K input tokens
     Needle(Box<BenchNeedleArgs>),
+    /// The store alone (memory text supplied, no model): commit latency with flush, and
+    /// database size against content size
+    Store(BenchStoreArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchStoreArgs {
+    /// Content to append, in MB
+    #[arg(long, default_value_t = 10)]
+    pub megabytes: usize,
+
+    /// Tokens per chunk (converted to bytes with the model's tokenizer on the content)
+    #[arg(long, default_value_t = 1024)]
+    pub chunk_tokens: usize,
+
+    /// Bytes per append (commit 1)
+    #[arg(long, default_value_t = 65536)]
+    pub append_bytes: usize,
+
+    /// Folder of .txt files for the content [default: the shared essays, else noise]
+    #[arg(long, value_name = "DIR")]
+    pub haystack: Option<PathBuf>,
+
+    /// Print results as JSON
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -8,7 +8,7 @@ use memagent_engine::bench::{bench_decode, bench_prefill, BenchResult};
 use memagent_engine::eval::{single_needle, Haystack, NeedleSample};
 use serde::Serialize;
 
-use crate::cli::{BenchEngineArgs, BenchNeedleArgs, GlobalArgs};
+use crate::cli::{BenchEngineArgs, BenchNeedleArgs, BenchStoreArgs, GlobalArgs};
 
 /// Sentences cycled to make benchmark prompts of any length (content does not affect speed).
 const FILLER: &str = "The grass is green. The sky is blue. The sun is yellow. Here we go. \
@@ -106,13 +106,7 @@ pub fn needle(global: &GlobalArgs, args: &BenchNeedleArgs) -> Result<()> {
     if args.samples == 0 || args.lengths.is_empty() {
         bail!("nothing to run: --samples and --lengths must be non-empty");
     }
-    let haystack = match &args.haystack {
-        Some(dir) => Haystack::from_dir(dir)?,
-        None => match default_haystack() {
-            Some(dir) => Haystack::from_dir(&dir)?,
-            None => Haystack::noise(),
-        },
-    };
+    let haystack = haystack(args.haystack.as_deref())?;
     let mut output = match &args.output {
         Some(path) => Some(
             std::fs::OpenOptions::new()
@@ -273,6 +267,132 @@ fn seconds_per_k(results: &[&NeedleResult]) -> String {
     let seconds: f64 = ran.iter().map(|r| r.seconds).sum();
     let tokens: usize = ran.iter().map(|r| r.input_tokens).sum();
     format!("{:.2}", seconds / (tokens as f64 / 1000.0))
+}
+
+/// The haystack of `--haystack`, else the shared essays, else RULER's noise.
+fn haystack(dir: Option<&Path>) -> Result<Haystack> {
+    Ok(match dir {
+        Some(dir) => Haystack::from_dir(dir)?,
+        None => match default_haystack() {
+            Some(dir) => Haystack::from_dir(&dir)?,
+            None => Haystack::noise(),
+        },
+    })
+}
+
+pub fn store(global: &GlobalArgs, args: &BenchStoreArgs) -> Result<()> {
+    use memagent_store::{Author, ChunkRecord, Cursor, MemoryVersion, Store, GENERAL};
+    let haystack = haystack(args.haystack.as_deref())?;
+    let content = haystack.text(args.megabytes << 20);
+    // Bytes per chunk of `chunk_tokens` tokens, measured on the first 64 KB.
+    let model = super::load_model(global)?;
+    let sample = &content[..content.floor_char_boundary(65536)];
+    let sample_tokens = model.tokenizer().encode(sample, false)?.len().max(1);
+    let chunk_bytes = args.chunk_tokens * sample.len() / sample_tokens;
+    drop(model);
+
+    let dir = std::env::temp_dir().join(format!("memagent-bench-store-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let store = Store::open(&dir)?;
+    let mut appends = Vec::new();
+    for piece in content.as_bytes().chunks(args.append_bytes) {
+        let t = Instant::now();
+        store.append("bench", piece, None)?;
+        appends.push(t.elapsed().as_secs_f64());
+    }
+    let stream = store.require("bench")?;
+    let memory = |i: usize| -> String {
+        // A memory of about a quarter chunk, different at every step.
+        let from = content.floor_char_boundary((i * 977) % 50_000);
+        let to = content.floor_char_boundary(from + chunk_bytes / 4);
+        format!("Memory after chunk {i}: {}", &content[from..to])
+    };
+    let mut commits = Vec::new();
+    let mut cursor = Cursor::default();
+    let mut offset = 0usize;
+    let mut index = 0u64;
+    while offset < content.len() {
+        let end = content.floor_char_boundary((offset + chunk_bytes).min(content.len()));
+        let chunk = ChunkRecord {
+            index,
+            start: offset as u64,
+            end: end as u64,
+            tokens: args.chunk_tokens as u32,
+            sha256: [0; 32],
+        };
+        let text = memory(index as usize);
+        let version = MemoryVersion {
+            version: cursor.version + 1,
+            parent: (cursor.version > 0).then_some(cursor.version),
+            tokens: (text.len() / 4) as u32,
+            text,
+            chunk: Some(index),
+            model: "bench".into(),
+            model_sha256: String::new(),
+            template_id: "bench".into(),
+            template_version: 1,
+            created: 0,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            seconds: 0.0,
+            cut: false,
+            author: Author::Model,
+        };
+        let next = Cursor {
+            next_chunk: index + 1,
+            offset: end as u64,
+            version: version.version,
+        };
+        let t = Instant::now();
+        store.commit_step(&stream, GENERAL, &chunk, &version, &next)?;
+        commits.push(t.elapsed().as_secs_f64());
+        cursor = next;
+        offset = end;
+        index += 1;
+    }
+    store.flush()?;
+    let sled_bytes = store.size_on_disk()?;
+    drop(store);
+    let disk_bytes = dir_size(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    let pct = |v: &mut Vec<f64>, p: f64| -> f64 {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[((v.len() - 1) as f64 * p).round() as usize] * 1000.0
+    };
+    let result = serde_json::json!({
+        "content_bytes": content.len(),
+        "chunk_bytes": chunk_bytes,
+        "chunks": commits.len(),
+        "appends": appends.len(),
+        "append_ms_p50": pct(&mut appends, 0.5),
+        "append_ms_p99": pct(&mut appends, 0.99),
+        "commit_ms_p50": pct(&mut commits, 0.5),
+        "commit_ms_p99": pct(&mut commits, 0.99),
+        "sled_size_on_disk": sled_bytes,
+        "disk_bytes": disk_bytes,
+        "disk_over_content": disk_bytes as f64 / content.len() as f64,
+    });
+    if args.json {
+        return super::print_json(&result);
+    }
+    let mut out = std::io::stdout().lock();
+    for (k, v) in result.as_object().expect("an object") {
+        writeln!(out, "{k:<20} {v}")?;
+    }
+    Ok(())
+}
+
+/// Bytes of the files under `dir`.
+fn dir_size(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_size(&e.path()),
+            _ => e.metadata().map_or(0, |m| m.len()),
+        })
+        .sum()
 }
 
 /// The shared haystack folder, looked up from the working directory and from the

@@ -40,6 +40,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Tokenize(args) => tokenize::run(&cli.global, &args),
         Command::Bench(BenchCommand::Engine(args)) => bench::engine(&cli.global, &args),
         Command::Bench(BenchCommand::Needle(args)) => bench::needle(&cli.global, &args),
+        Command::Bench(BenchCommand::Store(args)) => bench::store(&cli.global, &args),
     }
 }
 

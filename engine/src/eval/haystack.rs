@@ -95,6 +95,22 @@ impl Haystack {
         self.words.len()
     }
 
+    /// At least `bytes` bytes of the haystack's words joined by spaces, repeating them as
+    /// needed.
+    pub fn text(&self, bytes: usize) -> String {
+        let mut out = String::with_capacity(bytes + 64);
+        for word in self.words.iter().cycle() {
+            if out.len() >= bytes {
+                break;
+            }
+            if !out.is_empty() {
+                out.push(' ');
+            }
+            out.push_str(word);
+        }
+        out
+    }
+
     /// Words from `start` (wrapping around the haystack) whose space-joined text is close
     /// to `tokens` tokens, each word with its token count (as it appears after a space).
     ///
