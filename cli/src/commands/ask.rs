@@ -4,7 +4,7 @@ use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
 use anyhow::Result;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use memagent_engine::agent::{AgentRun, AnswerReport, Progress, StepReport};
 use serde_json::json;
 
@@ -95,18 +95,10 @@ struct StepDisplay {
 
 impl StepDisplay {
     fn new(show_progress: bool, show_memory: bool) -> Self {
-        let bar = show_progress.then(|| {
-            let bar = ProgressBar::new(0);
-            bar.set_style(
-                ProgressStyle::with_template(
-                    "{spinner} chunk {pos}/{len} [{bar:30}] {msg} · ETA {eta}",
-                )
-                .expect("a valid progress template")
-                .progress_chars("=> "),
-            );
-            bar.enable_steady_tick(std::time::Duration::from_millis(200));
-            bar
-        });
+        let bar = super::progress_bar(
+            show_progress,
+            "{spinner} chunk {pos}/{len} [{bar:30}] {msg} · ETA {eta}",
+        );
         Self {
             bar,
             show_memory,

@@ -204,6 +204,21 @@ pub fn read_document(path: Option<&std::path::Path>) -> Result<String> {
     }
 }
 
+/// A progress bar on stderr with `template`, when `show` (a terminal, not quiet, not
+/// JSON); it ticks on its own so that long steps still show life.
+pub fn progress_bar(show: bool, template: &str) -> Option<indicatif::ProgressBar> {
+    show.then(|| {
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(template)
+                .expect("a valid progress template")
+                .progress_chars("=> "),
+        );
+        bar.enable_steady_tick(Duration::from_millis(200));
+        bar
+    })
+}
+
 /// Writes `value` to stdout as pretty JSON, for `--json`.
 pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
     let mut out = std::io::stdout().lock();

@@ -3,7 +3,6 @@
 use std::io::{IsTerminal, Read, Write};
 
 use anyhow::{bail, Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
 use memagent_engine::agent::extract_answer;
 use memagent_store::{
     general_answer, Author, ExportRecord, Ingestor, MemoryVersion, Store, GENERAL,
@@ -55,17 +54,13 @@ pub fn ingest(global: &GlobalArgs, args: &IngestArgs) -> Result<()> {
             let ingestor = Ingestor::new(&store, agent, model, sha);
             let stream = store.require(&args.stream)?;
             let start = store.cursor(&stream, GENERAL)?.offset;
-            let bar = (!global.quiet && !args.json && std::io::stderr().is_terminal()).then(|| {
-                let bar = ProgressBar::new(stream.log_len - start);
-                bar.set_style(
-                    ProgressStyle::with_template(
-                        "{spinner} [{bar:30}] {bytes}/{total_bytes} {msg} · ETA {eta}",
-                    )
-                    .expect("a valid progress template")
-                    .progress_chars("=> "),
-                );
-                bar
-            });
+            let bar = super::progress_bar(
+                !global.quiet && !args.json && std::io::stderr().is_terminal(),
+                "{spinner} [{bar:30}] {bytes}/{total_bytes} {msg} · ETA {eta}",
+            );
+            if let Some(bar) = &bar {
+                bar.set_length(stream.log_len - start);
+            }
             while let Some(step) = ingestor.step(&args.stream)? {
                 if let Some(bar) = &bar {
                     bar.set_position(step.chunk.end - start);
@@ -167,15 +162,10 @@ fn deep_query(global: &GlobalArgs, args: &QueryArgs, store: &Store) -> Result<()
     let (model, sha) = backend.identity()?;
     let deep = backend.with_agent(&args.run, |agent| {
         let ingestor = Ingestor::new(store, agent, model, sha);
-        let bar = (!global.quiet && !args.json && std::io::stderr().is_terminal()).then(|| {
-            let bar = ProgressBar::new(0);
-            bar.set_style(
-                ProgressStyle::with_template("{spinner} chunk {pos}/{len} [{bar:30}] ETA {eta}")
-                    .expect("a valid progress template")
-                    .progress_chars("=> "),
-            );
-            bar
-        });
+        let bar = super::progress_bar(
+            !global.quiet && !args.json && std::io::stderr().is_terminal(),
+            "{spinner} chunk {pos}/{len} [{bar:30}] ETA {eta}",
+        );
         let result = ingestor.deep(&args.stream, &args.question, &mut |step, total| {
             if let Some(bar) = &bar {
                 bar.set_length(total as u64);
