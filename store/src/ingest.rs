@@ -23,6 +23,10 @@ pub const GENERAL_ANSWER: Template = Template {
     text: include_str!("templates/general-answer.txt"),
 };
 
+/// Tokens decoded past the chunk's end before a window that stops short of the log's end
+/// is trusted.
+const WINDOW_MARGIN_TOKENS: usize = 16;
+
 /// One committed step.
 #[derive(Debug, Clone)]
 pub struct StepOutcome {
@@ -86,7 +90,9 @@ impl<'a> Ingestor<'a> {
             };
             let ids = tokenizer.encode(text).map_err(engine_error)?;
             let whole = end == stream.log_len;
-            if ids.len() <= c && !whole {
+            // A window may end inside a word, which changes its last tokens: keep a margin
+            // of whole tokens beyond the chunk unless the window reaches the log's end.
+            if ids.len() <= c + WINDOW_MARGIN_TOKENS && !whole {
                 window *= 2;
                 continue;
             }

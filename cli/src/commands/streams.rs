@@ -47,7 +47,12 @@ pub fn ingest(global: &GlobalArgs, args: &IngestArgs) -> Result<()> {
         appended.log_len
     );
     let mut steps = Vec::new();
-    if !args.no_process {
+    let pending = {
+        let stream = store.require(&args.stream)?;
+        stream.log_len - store.cursor(&stream, GENERAL)?.offset
+    };
+    // Nothing pending: no need to load the model.
+    if !args.no_process && pending > 0 {
         let backend = ModelBackend::open(global, &args.run.backend)?;
         let (model, sha) = backend.identity()?;
         backend.with_agent(&args.run, |agent| {
