@@ -83,6 +83,10 @@ pub enum Command {
     /// List or remove streams
     #[command(subcommand)]
     Streams(StreamsCommand),
+    /// Add, list or remove the files and folders the daemon watches (`[[watch]]` in the
+    /// configuration file; comments and other keys are kept)
+    #[command(subcommand)]
+    Watch(WatchCommand),
     /// Write a stream (log, chunks, every memory version) as JSON Lines to stdout
     Export { stream: String },
     /// Recreate a stream from `memctl export` output (a file, or - for standard input)
@@ -203,6 +207,37 @@ pub enum MemoryCommand {
     Edit { stream: String },
     /// Add a new version equal to an old one (history is never rewritten)
     Rollback { stream: String, version: u64 },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WatchCommand {
+    /// Watch a file or folder
+    Add {
+        /// The file or folder (stored as an absolute path)
+        path: PathBuf,
+        /// Put everything into this stream [default: one stream per file]
+        #[arg(long)]
+        stream: Option<String>,
+        /// auto, text, markdown or chat-jsonl
+        #[arg(long, default_value = "auto")]
+        format: String,
+        /// Only files matching this glob (repeatable)
+        #[arg(long)]
+        include: Vec<String>,
+        /// Leave out files matching this glob (repeatable)
+        #[arg(long)]
+        exclude: Vec<String>,
+        /// Do not descend into subfolders
+        #[arg(long)]
+        no_recursive: bool,
+    },
+    /// The watched files and folders
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop watching a path (given as added, or by its number in `watch list`)
+    Rm { path: String },
 }
 
 #[derive(Debug, Subcommand)]

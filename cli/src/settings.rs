@@ -18,9 +18,102 @@ pub struct ConfigFile {
     pub model: Option<PathBuf>,
     /// Where streams and memories are stored.
     pub data_dir: Option<PathBuf>,
+    /// What the daemon watches (`[[watch]]` tables).
+    #[serde(default)]
+    pub watch: Vec<WatchConfig>,
+}
+
+/// How a watched file's bytes become text.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WatchFormat {
+    /// From the extension: `.jsonl` is chat-jsonl, `.md` markdown, else text.
+    #[default]
+    Auto,
+    Text,
+    Markdown,
+    /// One OpenAI-style message (`{"role": …, "content": …}`) per line.
+    ChatJsonl,
+}
+
+/// One `[[watch]]` entry: a file or folder the daemon feeds into streams.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchConfig {
+    /// An absolute path to a file or a folder.
+    pub path: PathBuf,
+    /// The stream everything goes to; without it, one stream per file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<String>,
+    #[serde(default)]
+    pub format: WatchFormat,
+    /// Glob patterns (relative to `path`) of files to take; empty takes all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub include: Vec<String>,
+    /// Glob patterns of files to leave out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<String>,
+    /// Descend into subfolders.
+    #[serde(default = "yes")]
+    pub recursive: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// The configuration file's path: `--config` (or `MEMAGENT_CONFIG`), else
+/// `$XDG_CONFIG_HOME/memagent/config.toml`.
+pub fn config_path(global: &GlobalArgs) -> Result<PathBuf> {
+    match &global.config {
+        Some(p) => Ok(p.clone()),
+        None => match dirs::config_dir() {
+            Some(dir) => Ok(dir.join("memagent").join("config.toml")),
+            None => bail!("no configuration folder: pass --config PATH"),
+        },
+    }
 }
 
 impl ConfigFile {
+    /// Parses and validates configuration text; errors name the file and the key.
+    pub fn parse(text: &str, path: &Path) -> Result<Self> {
+        let config: Self = toml::from_str(text)
+            .with_context(|| format!("invalid configuration file {}", path.display()))?;
+        config
+            .validate()
+            .with_context(|| format!("invalid configuration file {}", path.display()))?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<()> {
+        for (i, watch) in self.watch.iter().enumerate() {
+            if !watch.path.is_absolute() {
+                bail!(
+                    "watch[{i}].path `{}` must be an absolute path",
+                    watch.path.display()
+                );
+            }
+            if let Some(stream) = &watch.stream {
+                if stream.is_empty() || stream.chars().any(char::is_control) {
+                    bail!("watch[{i}].stream `{stream}` is not a valid stream name");
+                }
+            }
+            for (key, globs) in [("include", &watch.include), ("exclude", &watch.exclude)] {
+                for (j, glob) in globs.iter().enumerate() {
+                    globset::Glob::new(glob)
+                        .with_context(|| format!("watch[{i}].{key}[{j}] `{glob}` is not a glob"))?;
+                }
+            }
+            if let Some(first) = self.watch[..i].iter().position(|w| w.path == watch.path) {
+                bail!(
+                    "watch[{i}].path `{}` is watched already by watch[{first}]",
+                    watch.path.display()
+                );
+            }
+        }
+        Ok(())
+    }
+
     fn load(explicit: Option<&Path>) -> Result<Self> {
         let path = match explicit {
             Some(p) => p.to_path_buf(),
@@ -30,8 +123,7 @@ impl ConfigFile {
             },
         };
         match std::fs::read_to_string(&path) {
-            Ok(text) => toml::from_str(&text)
-                .with_context(|| format!("invalid configuration file {}", path.display())),
+            Ok(text) => Self::parse(&text, &path),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && explicit.is_none() => {
                 Ok(Self::default())
             }

@@ -6,6 +6,7 @@ mod generate;
 mod model;
 mod streams;
 mod tokenize;
+mod watch;
 
 use std::io::Write;
 use std::time::Duration;
@@ -31,6 +32,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Query(args) => streams::query(&cli.global, &args),
         Command::Memory(command) => streams::memory(&cli.global, &command),
         Command::Streams(command) => streams::streams(&cli.global, &command),
+        Command::Watch(command) => watch::run(&cli.global, &command),
         Command::Export { stream } => streams::export(&cli.global, &stream),
         Command::Import { file, stream } => {
             streams::import(&cli.global, file.as_deref(), stream.as_deref())
