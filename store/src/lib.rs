@@ -167,13 +167,7 @@ impl Store {
     }
 
     pub fn streams(&self) -> Result<Vec<StreamRecord>> {
-        self.streams
-            .iter()
-            .map(|item| {
-                let (k, v) = item?;
-                decode("streams", &k, &v)
-            })
-            .collect()
+        decode_all("streams", self.streams.iter())
     }
 
     fn check_name(name: &str) -> Result<()> {
@@ -437,24 +431,15 @@ impl Store {
 
     /// Every version of a chain, oldest first.
     pub fn versions(&self, stream: &StreamRecord, chain: u64) -> Result<Vec<MemoryVersion>> {
-        self.versions
-            .scan_prefix(key2(stream.id, chain))
-            .map(|item| {
-                let (k, v) = item?;
-                decode("versions", &k, &v)
-            })
-            .collect()
+        decode_all(
+            "versions",
+            self.versions.scan_prefix(key2(stream.id, chain)),
+        )
     }
 
     /// Every chunk of a stream, in order.
     pub fn chunks(&self, stream: &StreamRecord) -> Result<Vec<ChunkRecord>> {
-        self.chunks
-            .scan_prefix(key1(stream.id))
-            .map(|item| {
-                let (k, v) = item?;
-                decode("chunks", &k, &v)
-            })
-            .collect()
+        decode_all("chunks", self.chunks.scan_prefix(key1(stream.id)))
     }
 
     /// The memory chain of `question` on a stream, registered on first use.
@@ -475,13 +460,7 @@ impl Store {
 
     /// The questions of a stream with their chains.
     pub fn questions(&self, stream: &StreamRecord) -> Result<Vec<QuestionRecord>> {
-        self.questions
-            .scan_prefix(key1(stream.id))
-            .map(|item| {
-                let (k, v) = item?;
-                decode("questions", &k, &v)
-            })
-            .collect()
+        decode_all("questions", self.questions.scan_prefix(key1(stream.id)))
     }
 
     /// Raw access for tests of corruption handling: overwrites one record's bytes.
@@ -498,6 +477,18 @@ fn source_key(stream: u64, name: &str) -> Vec<u8> {
     let mut key = key1(stream).to_vec();
     key.extend_from_slice(&Sha256::digest(name.as_bytes()));
     key
+}
+
+/// Decodes every record an iteration of `tree` yields.
+fn decode_all<T: serde::de::DeserializeOwned>(
+    tree: &'static str,
+    iter: sled::Iter,
+) -> Result<Vec<T>> {
+    iter.map(|item| {
+        let (k, v) = item?;
+        decode(tree, &k, &v)
+    })
+    .collect()
 }
 
 fn transaction_result(outcome: std::result::Result<(), TransactionError<Error>>) -> Result<()> {
