@@ -19,7 +19,7 @@ pub struct Cli {
     pub command: Command,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct GlobalArgs {
     /// GGUF model file [default: $MEMAGENT_MODEL, then `model` in the config file, then
     /// models/SmolLM2-135M-Instruct.Q4_1.gguf]
@@ -83,6 +83,10 @@ pub enum Command {
     /// List or remove streams
     #[command(subcommand)]
     Streams(StreamsCommand),
+    /// Run the daemon that watches files and chat logs and keeps their memories, or ask
+    /// whether it runs
+    #[command(subcommand)]
+    Daemon(DaemonCommand),
     /// Add, list or remove the files and folders the daemon watches (`[[watch]]` in the
     /// configuration file; comments and other keys are kept)
     #[command(subcommand)]
@@ -210,6 +214,49 @@ pub enum MemoryCommand {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum DaemonCommand {
+    /// Run in the foreground until SIGTERM or SIGINT (exit 0 after a clean stop); logs
+    /// go to stderr
+    ///
+    /// Follows every `[[watch]]` of the configuration file (a start-up scan catches what
+    /// changed while it was down, notify events and periodic rescans what changes after),
+    /// appends new content to its stream at once, and reads a stream into memory when a
+    /// chunk's worth is pending or it has been idle for a while. Serves `memctl query`,
+    /// `memory`, `streams` and `ingest` on a Unix socket in the data directory (mode
+    /// 0600); with `--listen`, also on TCP with a bearer token.
+    #[command(
+        after_help = "Examples:\n  memctl watch add ~/notes --stream notes\n  memctl daemon run\n  \
+        memctl query notes \"What did I promise Ada?\"\n\n\
+        A systemd user unit is in contrib/systemd/memagent.service."
+    )]
+    Run(Box<DaemonRunArgs>),
+    /// Whether a daemon runs for the data directory, with each stream's pending work,
+    /// lag and throughput (exit 1 when none runs)
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct DaemonRunArgs {
+    /// Seconds without new content after which a stream's partial chunk is read
+    /// [default: `daemon.idle_seconds` in the config file, else 30]
+    #[arg(long, value_name = "SECS")]
+    pub idle_seconds: Option<f64>,
+    /// Seconds between full rescans of the watches, a safety net for lost events
+    /// [default: `daemon.rescan_seconds`, else 60]
+    #[arg(long, value_name = "SECS")]
+    pub rescan_seconds: Option<f64>,
+    /// Also serve the API on TCP: PORT (on 127.0.0.1) or HOST:PORT; requests need
+    /// `Authorization: Bearer $MEMAGENT_API_TOKEN` [default: `daemon.listen`, off]
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    #[command(flatten)]
+    pub run: LoopArgs,
+}
+
+#[derive(Debug, Subcommand)]
 pub enum WatchCommand {
     /// Watch a file or folder
     Add {
@@ -278,7 +325,7 @@ pub struct AskArgs {
 }
 
 /// How the memory loop runs: profile, backend and sampling.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct LoopArgs {
     #[command(flatten)]
     pub profile: ProfileArgs,
@@ -291,7 +338,7 @@ pub struct LoopArgs {
 }
 
 /// Overrides of the model's profile (chunk size, memory cap, answer cap).
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct ProfileArgs {
     /// Tokens per chunk C [default: the model's profile: 1024 for models under 1B
     /// parameters, else the paper's 5000]
@@ -314,7 +361,8 @@ pub struct ProfileArgs {
 }
 
 /// Which backend runs the model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum BackendKind {
     /// The GGUF model, in this process
     Local,
@@ -322,11 +370,11 @@ pub enum BackendKind {
     Openai,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct BackendArgs {
-    /// Where the model runs
-    #[arg(long, value_enum, env = "MEMAGENT_BACKEND", default_value = "local")]
-    pub backend: BackendKind,
+    /// Where the model runs [default: `kind` in the config file's [backend], else local]
+    #[arg(long, value_enum, env = "MEMAGENT_BACKEND")]
+    pub backend: Option<BackendKind>,
 
     /// Base URL of the OpenAI-compatible API, e.g. http://localhost:8000/v1
     #[arg(long, env = "MEMAGENT_BASE_URL", value_name = "URL")]
@@ -353,7 +401,7 @@ pub struct BackendArgs {
     pub context_tokens: Option<usize>,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct SamplingArgs {
     /// Sampling temperature; 0 is greedy (deterministic)
     #[arg(long, default_value_t = 0.0)]

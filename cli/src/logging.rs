@@ -2,16 +2,22 @@
 
 use tracing_subscriber::EnvFilter;
 
-pub fn init(verbose: u8, quiet: bool) {
+/// `daemon`: a long-running service logs what it does (info) by default.
+pub fn init(verbose: u8, quiet: bool, daemon: bool) {
     let level = match (quiet, verbose) {
         (true, _) => "error",
+        (false, 0) if daemon => "info",
         (false, 0) => "warn",
         (false, 1) => "info",
         (false, 2) => "debug",
         _ => "trace",
     };
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("memctl={level},memagent_engine={level}")));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new(format!(
+            "memctl={level},memagent_engine={level},memagent_store={level},\
+             memagent_watcher={level}"
+        ))
+    });
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

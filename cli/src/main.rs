@@ -17,7 +17,11 @@ fn main() -> ExitCode {
         std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     }
     let cli = cli::Cli::parse();
-    logging::init(cli.global.verbose, cli.global.quiet);
+    let daemon = matches!(
+        cli.command,
+        cli::Command::Daemon(cli::DaemonCommand::Run(_))
+    );
+    logging::init(cli.global.verbose, cli.global.quiet, daemon);
     match commands::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

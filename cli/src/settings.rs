@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
-use crate::cli::GlobalArgs;
+pub use memagent_watcher::WatchConfig;
+
+use crate::cli::{BackendKind, GlobalArgs};
 
 /// File name of the default model, as `scripts/fetch-model` installs it.
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -18,48 +20,50 @@ pub struct ConfigFile {
     pub model: Option<PathBuf>,
     /// Where streams and memories are stored.
     pub data_dir: Option<PathBuf>,
+    /// The model backend for the memory loop (`[backend]`); flags and environment
+    /// variables win over it.
+    #[serde(default)]
+    pub backend: BackendConfig,
+    /// Overrides of the model's profile (`[profile]`).
+    #[serde(default)]
+    pub profile: ProfileConfig,
+    /// How the daemon runs (`[daemon]`).
+    #[serde(default)]
+    pub daemon: DaemonConfig,
     /// What the daemon watches (`[[watch]]` tables).
     #[serde(default)]
     pub watch: Vec<WatchConfig>,
 }
 
-/// How a watched file's bytes become text.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum WatchFormat {
-    /// From the extension: `.jsonl` is chat-jsonl, `.md` markdown, else text.
-    #[default]
-    Auto,
-    Text,
-    Markdown,
-    /// One OpenAI-style message (`{"role": …, "content": …}`) per line.
-    ChatJsonl,
-}
-
-/// One `[[watch]]` entry: a file or folder the daemon feeds into streams.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct WatchConfig {
-    /// An absolute path to a file or a folder.
-    pub path: PathBuf,
-    /// The stream everything goes to; without it, one stream per file.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stream: Option<String>,
-    #[serde(default)]
-    pub format: WatchFormat,
-    /// Glob patterns (relative to `path`) of files to take; empty takes all.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub include: Vec<String>,
-    /// Glob patterns of files to leave out.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub exclude: Vec<String>,
-    /// Descend into subfolders.
-    #[serde(default = "yes")]
-    pub recursive: bool,
+pub struct BackendConfig {
+    /// `local` or `openai`.
+    pub kind: Option<BackendKind>,
+    pub base_url: Option<String>,
+    pub remote_model: Option<String>,
+    pub context_tokens: Option<usize>,
 }
 
-fn yes() -> bool {
-    true
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileConfig {
+    pub chunk_tokens: Option<usize>,
+    pub memory_tokens: Option<usize>,
+    pub answer_tokens: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DaemonConfig {
+    /// Seconds without new content before a partial chunk is read [default: 30].
+    pub idle_seconds: Option<f64>,
+    /// Seconds between full rescans of the watches [default: 60].
+    pub rescan_seconds: Option<f64>,
+    /// A TCP address for the API (`PORT` alone binds 127.0.0.1); off by default.
+    pub listen: Option<String>,
+    /// The bearer token TCP requests must carry (required with `listen`).
+    pub token: Option<String>,
 }
 
 /// The configuration file's path: `--config` (or `MEMAGENT_CONFIG`), else
@@ -86,32 +90,38 @@ impl ConfigFile {
     }
 
     fn validate(&self) -> Result<()> {
-        for (i, watch) in self.watch.iter().enumerate() {
-            if !watch.path.is_absolute() {
-                bail!(
-                    "watch[{i}].path `{}` must be an absolute path",
-                    watch.path.display()
-                );
-            }
-            if let Some(stream) = &watch.stream {
-                if stream.is_empty() || stream.chars().any(char::is_control) {
-                    bail!("watch[{i}].stream `{stream}` is not a valid stream name");
+        memagent_watcher::validate_watches(&self.watch)?;
+        for (key, value) in [
+            ("daemon.idle_seconds", self.daemon.idle_seconds),
+            ("daemon.rescan_seconds", self.daemon.rescan_seconds),
+        ] {
+            if let Some(v) = value {
+                if !(v > 0.0 && v.is_finite()) {
+                    bail!("{key}: {v} is not a positive number of seconds");
                 }
             }
-            for (key, globs) in [("include", &watch.include), ("exclude", &watch.exclude)] {
-                for (j, glob) in globs.iter().enumerate() {
-                    globset::Glob::new(glob)
-                        .with_context(|| format!("watch[{i}].{key}[{j}] `{glob}` is not a glob"))?;
-                }
+        }
+        for (key, value) in [
+            ("profile.chunk_tokens", self.profile.chunk_tokens),
+            ("profile.memory_tokens", self.profile.memory_tokens),
+            ("profile.answer_tokens", self.profile.answer_tokens),
+        ] {
+            if value == Some(0) {
+                bail!("{key}: must be at least 1");
             }
-            if let Some(first) = self.watch[..i].iter().position(|w| w.path == watch.path) {
-                bail!(
-                    "watch[{i}].path `{}` is watched already by watch[{first}]",
-                    watch.path.display()
-                );
+        }
+        if let Some(listen) = &self.daemon.listen {
+            listen_addr(listen).context("daemon.listen")?;
+            if self.daemon.token.as_deref().is_none_or(str::is_empty) {
+                bail!("daemon.token: required with daemon.listen (TCP requests must carry it)");
             }
         }
         Ok(())
+    }
+
+    /// The configuration `--config` names, else the default file when it exists.
+    pub fn current(global: &GlobalArgs) -> Result<Self> {
+        Self::load(global.config.as_deref())
     }
 
     fn load(explicit: Option<&Path>) -> Result<Self> {
@@ -207,4 +217,13 @@ pub fn data_dir(global: &GlobalArgs) -> Result<PathBuf> {
         Some(data) => Ok(data.join("memagent").join("data")),
         None => bail!("no data directory: pass --data-dir DIR or set MEMAGENT_DATA_DIR"),
     }
+}
+
+/// A TCP address from `PORT` (on 127.0.0.1) or `HOST:PORT`.
+pub fn listen_addr(text: &str) -> Result<std::net::SocketAddr> {
+    if let Ok(port) = text.parse::<u16>() {
+        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    text.parse()
+        .with_context(|| format!("`{text}` is neither a port nor an address like 127.0.0.1:8765"))
 }

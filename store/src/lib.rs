@@ -39,7 +39,8 @@ pub use ingest::{
     general_answer, DeepAnswer, Ingestor, StepOutcome, GENERAL_ANSWER, GENERAL_UPDATE,
 };
 pub use records::{
-    Author, ChunkRecord, Cursor, MemoryVersion, QuestionRecord, SourceRecord, StreamRecord, GENERAL,
+    Author, ChunkRecord, Cursor, FileRecord, MemoryVersion, QuestionRecord, SourceRecord,
+    StreamRecord, GENERAL,
 };
 pub use transfer::{ExportRecord, EXPORT_FORMAT};
 
@@ -66,6 +67,7 @@ pub struct Store {
     versions: Tree,
     cursors: Tree,
     questions: Tree,
+    files: Tree,
 }
 
 fn now() -> u64 {
@@ -94,6 +96,7 @@ impl Store {
             versions: db.open_tree("versions")?,
             cursors: db.open_tree("cursors")?,
             questions: db.open_tree("questions")?,
+            files: db.open_tree("files")?,
             path: dir.to_path_buf(),
             _lock: lock,
             db,
@@ -210,6 +213,11 @@ impl Store {
                 tree.remove(key?)?;
             }
         }
+        for file in self.files()? {
+            if file.stream == name {
+                self.files.remove(file.path.as_bytes())?;
+            }
+        }
         self.stream_names.remove(prefix)?;
         self.streams.remove(name.as_bytes())?;
         self.db.flush()?;
@@ -292,6 +300,46 @@ impl Store {
             revision,
             log_len: updated.log_len,
         })
+    }
+
+    /// Commit 1 for a watched file: appends `text` to the log of `file.stream` and
+    /// records how far the file was read, in one transaction, then flushes. A rename
+    /// (`renamed_from`) moves the file's record to its new path in the same transaction.
+    pub fn append_file(
+        &self,
+        text: &[u8],
+        file: &FileRecord,
+        renamed_from: Option<&str>,
+    ) -> Result<Appended> {
+        let record = self.create_stream(&file.stream)?;
+        let mut updated = record.clone();
+        updated.log_len += text.len() as u64;
+        let outcome: std::result::Result<(), TransactionError<Error>> =
+            (&self.streams, &self.log, &self.files).transaction(|(streams, log, files)| {
+                if !text.is_empty() {
+                    let mut value = vec![codec::FORMAT];
+                    value.extend_from_slice(text);
+                    log.insert(&key2(record.id, record.log_len), value)?;
+                    streams.insert(file.stream.as_bytes(), encode(&updated))?;
+                }
+                if let Some(old) = renamed_from.filter(|old| *old != file.path) {
+                    files.remove(old.as_bytes())?;
+                }
+                files.insert(file.path.as_bytes(), encode(file))?;
+                Ok::<(), ConflictableTransactionError<Error>>(())
+            });
+        transaction_result(outcome)?;
+        self.db.flush()?;
+        Ok(Appended {
+            bytes: text.len() as u64,
+            revision: false,
+            log_len: updated.log_len,
+        })
+    }
+
+    /// Every watched file the database knows, by path.
+    pub fn files(&self) -> Result<Vec<FileRecord>> {
+        decode_all("files", self.files.iter())
     }
 
     /// Bytes `[from, to)` of a stream's content log.

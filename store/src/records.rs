@@ -89,3 +89,23 @@ pub struct QuestionRecord {
     pub chain: u64,
     pub question: String,
 }
+
+/// A file the daemon watches: how far it was read and how to recognise it again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileRecord {
+    /// The file's path when it was last read.
+    pub path: String,
+    /// The stream its content goes to.
+    pub stream: String,
+    /// Identity: device and inode numbers (a rename keeps them).
+    pub dev: u64,
+    pub ino: u64,
+    /// Bytes of the file taken so far (a chat log: up to its last complete line).
+    pub offset: u64,
+    /// sha256 of those bytes, to tell an append from a rewrite.
+    pub sha256: [u8; 32],
+    /// Lines taken so far (chat logs), for line numbers in messages.
+    pub lines: u64,
+    /// Times the file was rewritten and taken whole again.
+    pub revisions: u32,
+}

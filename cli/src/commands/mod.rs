@@ -2,6 +2,9 @@
 
 mod ask;
 mod bench;
+mod client;
+mod daemon;
+mod db;
 mod generate;
 mod model;
 mod streams;
@@ -20,8 +23,8 @@ use memagent_engine::{
 };
 
 use crate::cli::{
-    BackendArgs, BackendKind, BenchCommand, Cli, Command, GlobalArgs, LoopArgs, ModelCommand,
-    ProfileArgs, SamplingArgs,
+    BackendArgs, BackendKind, BenchCommand, Cli, Command, DaemonCommand, GlobalArgs, LoopArgs,
+    ModelCommand, ProfileArgs, SamplingArgs,
 };
 use crate::settings;
 
@@ -32,6 +35,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Query(args) => streams::query(&cli.global, &args),
         Command::Memory(command) => streams::memory(&cli.global, &command),
         Command::Streams(command) => streams::streams(&cli.global, &command),
+        Command::Daemon(DaemonCommand::Run(args)) => daemon::run(&cli.global, &args),
+        Command::Daemon(DaemonCommand::Status { json }) => daemon::status(&cli.global, json),
         Command::Watch(command) => watch::run(&cli.global, &command),
         Command::Export { stream } => streams::export(&cli.global, &stream),
         Command::Import { file, stream } => {
@@ -61,10 +66,16 @@ fn load_model(global: &GlobalArgs) -> Result<LocalModel> {
 }
 
 /// The model behind the memory loop: the local GGUF model, or a remote server with the
-/// tokenizer that cuts documents for it.
+/// tokenizer that cuts documents for it; with the configuration file's profile
+/// overrides.
+pub struct ModelBackend {
+    inner: Inner,
+    profile: settings::ProfileConfig,
+}
+
 // One value per process: the size difference between variants does not matter.
 #[allow(clippy::large_enum_variant)]
-pub enum ModelBackend {
+enum Inner {
     Local(LocalModel),
     Remote {
         backend: OpenAiBackend,
@@ -73,25 +84,48 @@ pub enum ModelBackend {
 }
 
 impl ModelBackend {
+    /// Opens the backend that flags, environment and the configuration file choose (in
+    /// that order).
     pub fn open(global: &GlobalArgs, args: &BackendArgs) -> Result<Self> {
-        match args.backend {
-            BackendKind::Local => Ok(Self::Local(load_model(global)?)),
+        let config = settings::ConfigFile::current(global)?;
+        let inner = Self::open_inner(global, args, &config.backend)?;
+        Ok(Self {
+            inner,
+            profile: config.profile,
+        })
+    }
+
+    fn open_inner(
+        global: &GlobalArgs,
+        args: &BackendArgs,
+        config: &settings::BackendConfig,
+    ) -> Result<Inner> {
+        match args.backend.or(config.kind).unwrap_or(BackendKind::Local) {
+            BackendKind::Local => Ok(Inner::Local(load_model(global)?)),
             BackendKind::Openai => {
-                let base_url = args.base_url.clone().context(
-                    "the openai backend needs --base-url (or MEMAGENT_BASE_URL), \
+                let base_url = args
+                    .base_url
+                    .clone()
+                    .or_else(|| config.base_url.clone())
+                    .context(
+                        "the openai backend needs --base-url (or MEMAGENT_BASE_URL), \
                      e.g. http://localhost:8000/v1",
-                )?;
-                let model = args.remote_model.clone().context(
-                    "the openai backend needs --remote-model (or MEMAGENT_REMOTE_MODEL): \
+                    )?;
+                let model = args
+                    .remote_model
+                    .clone()
+                    .or_else(|| config.remote_model.clone())
+                    .context(
+                        "the openai backend needs --remote-model (or MEMAGENT_REMOTE_MODEL): \
                      the served model's name",
-                )?;
+                    )?;
                 let mut options = RemoteOptions::new(base_url, model);
                 options.api_key = std::env::var(&args.api_key_env)
                     .ok()
                     .filter(|k| !k.is_empty());
                 options.timeout = Duration::from_secs(args.timeout.max(1));
                 options.retries = args.retries;
-                options.context_length = args.context_tokens;
+                options.context_length = args.context_tokens.or(config.context_tokens);
                 let mut backend = OpenAiBackend::new(options)?;
                 if backend.discover_context_length().is_none() {
                     tracing::warn!(
@@ -105,32 +139,42 @@ impl ModelBackend {
                     })?),
                     None => None,
                 };
-                Ok(Self::Remote { backend, tokenizer })
+                Ok(Inner::Remote { backend, tokenizer })
             }
         }
     }
 
     /// The model's name and file sha256 (empty for a remote model), for memory records.
     pub fn identity(&self) -> Result<(String, String)> {
-        match self {
-            Self::Local(model) => Ok((
+        match &self.inner {
+            Inner::Local(model) => Ok((
                 model.name().to_string(),
                 memagent_engine::sha256_file(model.path())?,
             )),
-            Self::Remote { backend, .. } => Ok((backend.options().model.clone(), String::new())),
+            Inner::Remote { backend, .. } => Ok((backend.options().model.clone(), String::new())),
         }
     }
 
     /// The model's default profile with the command line's overrides.
     pub fn profile(&self, overrides: &ProfileArgs) -> Profile {
-        let base = match self {
-            Self::Local(model) => Profile::for_model(model.name(), Some(model.parameters())),
-            Self::Remote { backend, .. } => Profile::for_model(&backend.options().model, None),
+        let base = match &self.inner {
+            Inner::Local(model) => Profile::for_model(model.name(), Some(model.parameters())),
+            Inner::Remote { backend, .. } => Profile::for_model(&backend.options().model, None),
         };
+        let config = &self.profile;
         Profile {
-            chunk_tokens: overrides.chunk_tokens.unwrap_or(base.chunk_tokens),
-            memory_tokens: overrides.memory_tokens.unwrap_or(base.memory_tokens),
-            answer_tokens: overrides.answer_tokens.unwrap_or(base.answer_tokens),
+            chunk_tokens: overrides
+                .chunk_tokens
+                .or(config.chunk_tokens)
+                .unwrap_or(base.chunk_tokens),
+            memory_tokens: overrides
+                .memory_tokens
+                .or(config.memory_tokens)
+                .unwrap_or(base.memory_tokens),
+            answer_tokens: overrides
+                .answer_tokens
+                .or(config.answer_tokens)
+                .unwrap_or(base.answer_tokens),
         }
     }
 
@@ -146,13 +190,13 @@ impl ModelBackend {
             f(&agent)
         };
         let chosen = self.profile(&settings.profile);
-        match self {
-            Self::Local(model) => configure(MemoryAgent::new(model, model.tokenizer(), chosen)),
-            Self::Remote {
+        match &self.inner {
+            Inner::Local(model) => configure(MemoryAgent::new(model, model.tokenizer(), chosen)),
+            Inner::Remote {
                 backend,
                 tokenizer: Some(tokenizer),
             } => configure(MemoryAgent::new(backend, tokenizer, chosen)),
-            Self::Remote {
+            Inner::Remote {
                 backend,
                 tokenizer: None,
             } => {

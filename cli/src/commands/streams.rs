@@ -9,18 +9,16 @@ use memagent_store::{
 };
 use serde_json::json;
 
+use super::db::Db;
 use super::{print_json, ModelBackend};
 use crate::cli::{GlobalArgs, IngestArgs, MemoryCommand, QueryArgs, StreamsCommand};
-use crate::settings;
 
-fn open_store(global: &GlobalArgs) -> Result<Store> {
-    let dir = settings::data_dir(global)?;
-    tracing::debug!("data directory {}", dir.display());
-    Ok(Store::open(&dir)?)
+fn open_store(global: &GlobalArgs, what: &str) -> Result<Store> {
+    Db::open(global)?.local(what)
 }
 
 pub fn ingest(global: &GlobalArgs, args: &IngestArgs) -> Result<()> {
-    let store = open_store(global)?;
+    let db = Db::open(global)?;
     let (text, source) = match args.file.as_deref() {
         Some(path) if path.as_os_str() != "-" => {
             let text = super::read_document(Some(path))?;
@@ -31,6 +29,26 @@ pub fn ingest(global: &GlobalArgs, args: &IngestArgs) -> Result<()> {
             (text, Some(name))
         }
         _ => (super::read_document(None)?, None),
+    };
+    let store = match db {
+        Db::Local(store) => store,
+        // The daemon appends it and reads it into memory on its own schedule.
+        Db::Daemon(client) => {
+            let done = client.post(
+                "/v1/append",
+                &json!({"stream": args.stream, "text": text, "source": source, "force": args.force}),
+            )?;
+            if args.json {
+                return print_json(&done);
+            }
+            writeln!(
+                std::io::stdout().lock(),
+                "{}: appended {} bytes through the daemon, which reads them into memory",
+                args.stream,
+                done["appended_bytes"].as_u64().unwrap_or(0)
+            )?;
+            return Ok(());
+        }
     };
     let appended =
         store.append_with(&args.stream, text.as_bytes(), source.as_deref(), args.force)?;
@@ -117,29 +135,28 @@ pub fn ingest(global: &GlobalArgs, args: &IngestArgs) -> Result<()> {
     Ok(())
 }
 
-fn version_at(store: &Store, stream: &str, at: Option<u64>) -> Result<MemoryVersion> {
-    let record = store.require(stream)?;
-    let found = match at {
-        Some(v) => store.version(&record, GENERAL, v)?,
-        None => store.latest(&record, GENERAL)?,
-    };
-    match (found, at) {
-        (Some(v), _) => Ok(v),
-        (None, Some(v)) => bail!(
-            "stream `{stream}` has no memory version {v}; `memctl memory history {stream}` lists them"
-        ),
-        (None, None) => bail!(
-            "stream `{stream}` has no memory yet; run `memctl ingest {stream}` to read its content"
-        ),
-    }
-}
-
 pub fn query(global: &GlobalArgs, args: &QueryArgs) -> Result<()> {
-    let store = open_store(global)?;
+    let db = Db::open(global)?;
+    if let Db::Daemon(client) = &db {
+        let answer = client.post(
+            "/v1/query",
+            &json!({"stream": args.stream, "question": args.question, "at": args.at, "deep": args.deep}),
+        )?;
+        if args.json {
+            return print_json(&answer);
+        }
+        let key = if args.deep { "extracted" } else { "answer" };
+        let text = answer[key].as_str().unwrap_or_default();
+        writeln!(std::io::stdout().lock(), "{}", text.trim())?;
+        return Ok(());
+    }
+    let memory = db.version_at(&args.stream, args.at)?;
+    let Db::Local(store) = db else {
+        unreachable!("the daemon case returned above")
+    };
     if args.deep {
         return deep_query(global, args, &store);
     }
-    let memory = version_at(&store, &args.stream, args.at)?;
     let backend = ModelBackend::open(global, &args.run.backend)?;
     let report = backend.with_agent(&args.run, |agent| {
         Ok(general_answer(agent, &memory, &args.question)?)
@@ -211,19 +228,18 @@ fn version_json(v: &MemoryVersion) -> serde_json::Value {
 }
 
 pub fn memory(global: &GlobalArgs, command: &MemoryCommand) -> Result<()> {
-    let store = open_store(global)?;
+    let db = Db::open(global)?;
     let mut out = std::io::stdout().lock();
     match command {
         MemoryCommand::Show { stream, at, json } => {
-            let v = version_at(&store, stream, *at)?;
+            let v = db.version_at(stream, *at)?;
             if *json {
                 return print_json(&version_json(&v));
             }
             writeln!(out, "{}", v.text)?;
         }
         MemoryCommand::History { stream, json } => {
-            let record = store.require(stream)?;
-            let versions = store.versions(&record, GENERAL)?;
+            let versions = db.versions(stream)?;
             if *json {
                 return print_json(&versions);
             }
@@ -258,11 +274,11 @@ pub fn memory(global: &GlobalArgs, command: &MemoryCommand) -> Result<()> {
             }
         }
         MemoryCommand::Diff { stream, from, to } => {
-            let to_v = version_at(&store, stream, *to)?;
+            let to_v = db.version_at(stream, *to)?;
             let from_v = match from {
-                Some(f) => version_at(&store, stream, Some(*f))?,
+                Some(f) => db.version_at(stream, Some(*f))?,
                 None => match to_v.parent {
-                    Some(p) => version_at(&store, stream, Some(p))?,
+                    Some(p) => db.version_at(stream, Some(p))?,
                     None => bail!("version {} has no parent; name two versions", to_v.version),
                 },
             };
@@ -277,10 +293,9 @@ pub fn memory(global: &GlobalArgs, command: &MemoryCommand) -> Result<()> {
             )?;
         }
         MemoryCommand::Edit { stream } => {
-            let record = store.require(stream)?;
-            let current = store.latest(&record, GENERAL)?;
+            let current = db.versions(stream)?.pop();
             let text = edited_text(current.as_ref().map_or("", |v| v.text.as_str()))?;
-            let v = store.add_version(&record, GENERAL, person_version(current.as_ref(), text))?;
+            let v = db.add_version(stream, person_version(current.as_ref(), text))?;
             writeln!(
                 out,
                 "{stream}: memory v{} written by {}",
@@ -289,11 +304,10 @@ pub fn memory(global: &GlobalArgs, command: &MemoryCommand) -> Result<()> {
             )?;
         }
         MemoryCommand::Rollback { stream, version } => {
-            let record = store.require(stream)?;
-            let old = version_at(&store, stream, Some(*version))?;
+            let old = db.version_at(stream, Some(*version))?;
             let mut new = person_version(Some(&old), old.text.clone());
             new.tokens = old.tokens;
-            let v = store.add_version(&record, GENERAL, new)?;
+            let v = db.add_version(stream, new)?;
             writeln!(out, "{stream}: memory v{} = v{version}", v.version)?;
         }
     }
@@ -360,20 +374,10 @@ fn edited_text(current: &str) -> Result<String> {
 }
 
 pub fn streams(global: &GlobalArgs, command: &StreamsCommand) -> Result<()> {
-    let store = open_store(global)?;
+    let db = Db::open(global)?;
     match command {
         StreamsCommand::List { json } => {
-            let mut rows = Vec::new();
-            for s in store.streams()? {
-                let cursor = store.cursor(&s, GENERAL)?;
-                rows.push(json!({
-                    "stream": s.name,
-                    "log_bytes": s.log_len,
-                    "pending_bytes": s.log_len - cursor.offset,
-                    "chunks": cursor.next_chunk,
-                    "version": cursor.version,
-                }));
-            }
+            let rows = db.stream_rows()?;
             if *json {
                 return print_json(&rows);
             }
@@ -396,7 +400,7 @@ pub fn streams(global: &GlobalArgs, command: &StreamsCommand) -> Result<()> {
             }
         }
         StreamsCommand::Rm { stream } => {
-            store.remove_stream(stream)?;
+            db.remove_stream(stream)?;
             writeln!(std::io::stdout().lock(), "removed stream `{stream}`")?;
         }
     }
@@ -404,7 +408,7 @@ pub fn streams(global: &GlobalArgs, command: &StreamsCommand) -> Result<()> {
 }
 
 pub fn export(global: &GlobalArgs, stream: &str) -> Result<()> {
-    let store = open_store(global)?;
+    let store = open_store(global, "export")?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for record in store.export(stream)? {
         serde_json::to_writer(&mut out, &record)?;
@@ -431,7 +435,7 @@ pub fn import(
             .with_context(|| format!("{name}, line {}: not a memagent export record", i + 1))?;
         records.push(record);
     }
-    let store = open_store(global)?;
+    let store = open_store(global, "import")?;
     let stream = store.import(&records, rename)?;
     writeln!(
         std::io::stdout().lock(),

@@ -1,0 +1,183 @@
+//! `memctl daemon run|status`.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use memagent_store::Store;
+use memagent_watcher::{DaemonInfo, DaemonOptions, EngineHandle, TcpOptions};
+use serde_json::Value;
+
+use super::client::DaemonClient;
+use super::{print_json, ModelBackend};
+use crate::cli::{DaemonRunArgs, GlobalArgs};
+use crate::settings::{self, ConfigFile};
+
+/// Environment variable holding the TCP listener's bearer token.
+const TOKEN_ENV: &str = "MEMAGENT_API_TOKEN";
+
+pub fn run(global: &GlobalArgs, args: &DaemonRunArgs) -> Result<()> {
+    let config = ConfigFile::current(global)?;
+    let dir = settings::data_dir(global)?;
+    let seconds = |flag: Option<f64>, key: Option<f64>, default: f64, name: &str| {
+        let value = flag.or(key).unwrap_or(default);
+        if !(value > 0.0 && value.is_finite()) {
+            bail!("--{name} must be a positive number of seconds (got {value})");
+        }
+        Ok(Duration::from_secs_f64(value))
+    };
+    let idle = seconds(
+        args.idle_seconds,
+        config.daemon.idle_seconds,
+        30.0,
+        "idle-seconds",
+    )?;
+    let rescan = seconds(
+        args.rescan_seconds,
+        config.daemon.rescan_seconds,
+        60.0,
+        "rescan-seconds",
+    )?;
+    let tcp = match args.listen.as_ref().or(config.daemon.listen.as_ref()) {
+        Some(listen) => {
+            let addr = settings::listen_addr(listen).context("--listen")?;
+            let token = std::env::var(TOKEN_ENV)
+                .ok()
+                .filter(|t| !t.is_empty())
+                .or_else(|| config.daemon.token.clone())
+                .with_context(|| {
+                    format!(
+                        "the TCP listener needs a bearer token: set {TOKEN_ENV} or \
+                         `daemon.token` in the configuration file"
+                    )
+                })?;
+            if !addr.ip().is_loopback() {
+                tracing::warn!("the API listens on {addr}, beyond this machine");
+            }
+            Some(TcpOptions { addr, token })
+        }
+        None => None,
+    };
+    if config.watch.is_empty() {
+        tracing::warn!(
+            "nothing to watch: add files or folders with `memctl watch add PATH`, then \
+             restart; the API serves meanwhile"
+        );
+    }
+    let store = Arc::new(Store::open(&dir)?);
+
+    // The engine thread owns the model for the daemon's whole life.
+    let (engine, requests) = EngineHandle::channel();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    {
+        let (global, run, store) = (global.clone(), args.run.clone(), store.clone());
+        std::thread::Builder::new()
+            .name("memagent-engine".into())
+            .spawn(move || {
+                let served = (|| -> Result<()> {
+                    let backend = ModelBackend::open(&global, &run.backend)?;
+                    let (model, sha) = backend.identity()?;
+                    backend.with_agent(&run, |agent| {
+                        agent.budget("")?;
+                        let _ = ready_tx.send(Ok((model.clone(), agent.profile)));
+                        memagent_watcher::serve_engine(agent, &store, &model, &sha, requests);
+                        Ok(())
+                    })
+                })();
+                if let Err(e) = served {
+                    let _ = ready_tx.send(Err(e));
+                }
+            })?;
+    }
+    let (model, profile) = ready_rx
+        .recv()
+        .context("the engine thread stopped before it was ready")??;
+    tracing::info!(
+        "model {model} ready: chunks of {} tokens, memory up to {} tokens; {} watches; \
+         partial chunks read after {:.0}s idle",
+        profile.chunk_tokens,
+        profile.memory_tokens,
+        config.watch.len(),
+        idle.as_secs_f64()
+    );
+    let info = DaemonInfo {
+        pid: std::process::id(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        model,
+        chunk_tokens: profile.chunk_tokens,
+        memory_tokens: profile.memory_tokens,
+        data_dir: dir.display().to_string(),
+        idle_seconds: idle.as_secs_f64(),
+        watches: config.watch.len(),
+    };
+    let options = DaemonOptions {
+        watches: config.watch,
+        idle,
+        rescan,
+        tcp,
+        ..DaemonOptions::default()
+    };
+    memagent_watcher::run(store, engine, info, options)?;
+    Ok(())
+}
+
+pub fn status(global: &GlobalArgs, json: bool) -> Result<()> {
+    let dir = settings::data_dir(global)?;
+    let Some(client) = DaemonClient::connect(&dir) else {
+        bail!(
+            "no daemon is running for {}; start one with `memctl daemon run`",
+            dir.display()
+        );
+    };
+    let status = client.get("/v1/status")?;
+    if json {
+        return print_json(&status);
+    }
+    let d = &status["daemon"];
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "daemon {} (pid {}) on {}: model {}, C={} M={}, up {:.0}s, {} files in {} watches{}",
+        d["version"].as_str().unwrap_or("?"),
+        d["pid"],
+        client.socket().display(),
+        d["model"].as_str().unwrap_or("?"),
+        d["chunk_tokens"],
+        d["memory_tokens"],
+        status["uptime_seconds"].as_f64().unwrap_or(0.0),
+        status["files"],
+        d["watches"],
+        match status["busy"].as_str() {
+            Some(s) => format!("; reading `{s}`"),
+            None => String::new(),
+        }
+    )?;
+    writeln!(
+        out,
+        "{:<24} {:>10} {:>10} {:>8} {:>8} {:>9} {:>9} {:>8}",
+        "stream", "bytes", "pending", "p.tokens", "version", "lag s", "lag p50", "tok/s"
+    )?;
+    let num = |v: &Value, digits: usize| match v.as_f64() {
+        Some(x) => format!("{x:.digits$}"),
+        None => "-".to_string(),
+    };
+    for s in status["streams"].as_array().into_iter().flatten() {
+        writeln!(
+            out,
+            "{:<24} {:>10} {:>10} {:>8} {:>8} {:>9} {:>9} {:>8}",
+            s["stream"].as_str().unwrap_or(""),
+            num(&s["log_bytes"], 0),
+            num(&s["pending_bytes"], 0),
+            num(&s["pending_tokens"], 0),
+            num(&s["version"], 0),
+            num(&s["lag_seconds"], 1),
+            num(&s["lag_p50_seconds"], 1),
+            num(&s["tokens_per_second"], 1),
+        )?;
+        if let Some(e) = s["last_error"].as_str() {
+            writeln!(out, "  last error: {e}")?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,115 @@
+//! The database, opened directly, or through the daemon that holds it.
+
+use anyhow::{bail, Result};
+use memagent_store::{MemoryVersion, Store, GENERAL};
+use serde_json::{json, Value};
+
+use super::client::{query_escape, DaemonClient};
+use crate::cli::GlobalArgs;
+use crate::settings;
+
+pub enum Db {
+    Local(Store),
+    Daemon(DaemonClient),
+}
+
+impl Db {
+    /// Opens the data directory's database; when a daemon holds it, talks to the daemon.
+    pub fn open(global: &GlobalArgs) -> Result<Self> {
+        let dir = settings::data_dir(global)?;
+        tracing::debug!("data directory {}", dir.display());
+        match Store::open(&dir) {
+            Ok(store) => Ok(Self::Local(store)),
+            Err(e @ memagent_store::Error::InUse { .. }) => match DaemonClient::connect(&dir) {
+                Some(client) => {
+                    tracing::debug!(
+                        "the daemon holds the database; using {}",
+                        client.socket().display()
+                    );
+                    Ok(Self::Daemon(client))
+                }
+                None => Err(e.into()),
+            },
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The store itself, for commands the daemon does not serve.
+    pub fn local(self, what: &str) -> Result<Store> {
+        match self {
+            Self::Local(store) => Ok(store),
+            Self::Daemon(client) => bail!(
+                "{what} needs the database to itself, and the daemon ({}) holds it; \
+                 stop the daemon first",
+                client.socket().display()
+            ),
+        }
+    }
+
+    pub fn stream_rows(&self) -> Result<Vec<Value>> {
+        match self {
+            Self::Local(store) => Ok(memagent_watcher::stream_rows(store)?),
+            Self::Daemon(client) => Ok(serde_json::from_value(client.get("/v1/streams")?)?),
+        }
+    }
+
+    pub fn remove_stream(&self, stream: &str) -> Result<()> {
+        match self {
+            Self::Local(store) => store.remove_stream(stream)?,
+            Self::Daemon(client) => {
+                client.delete(&format!("/v1/streams?stream={}", query_escape(stream)))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A memory version (the latest without `at`), or an error that says what to do.
+    pub fn version_at(&self, stream: &str, at: Option<u64>) -> Result<MemoryVersion> {
+        let store = match self {
+            Self::Local(store) => store,
+            Self::Daemon(client) => {
+                let mut path = format!("/v1/memory?stream={}", query_escape(stream));
+                if let Some(v) = at {
+                    path.push_str(&format!("&at={v}"));
+                }
+                return Ok(serde_json::from_value(client.get(&path)?)?);
+            }
+        };
+        let record = store.require(stream)?;
+        let found = match at {
+            Some(v) => store.version(&record, GENERAL, v)?,
+            None => store.latest(&record, GENERAL)?,
+        };
+        match (found, at) {
+            (Some(v), _) => Ok(v),
+            (None, Some(v)) => bail!(
+                "stream `{stream}` has no memory version {v}; `memctl memory history {stream}` lists them"
+            ),
+            (None, None) => bail!(
+                "stream `{stream}` has no memory yet; run `memctl ingest {stream}` to read its content"
+            ),
+        }
+    }
+
+    pub fn versions(&self, stream: &str) -> Result<Vec<MemoryVersion>> {
+        match self {
+            Self::Local(store) => Ok(store.versions(&store.require(stream)?, GENERAL)?),
+            Self::Daemon(client) => Ok(serde_json::from_value(
+                client.get(&format!("/v1/history?stream={}", query_escape(stream)))?,
+            )?),
+        }
+    }
+
+    /// Adds a version (an edit or a rollback); it gets the next number.
+    pub fn add_version(&self, stream: &str, version: MemoryVersion) -> Result<MemoryVersion> {
+        match self {
+            Self::Local(store) => {
+                Ok(store.add_version(&store.require(stream)?, GENERAL, version)?)
+            }
+            Self::Daemon(client) => Ok(serde_json::from_value(client.post(
+                "/v1/memory",
+                &json!({ "stream": stream, "version": version }),
+            )?)?),
+        }
+    }
+}

@@ -1,0 +1,314 @@
+//! The local API: HTTP/JSON over the Unix socket in the data directory (and, when
+//! configured, over TCP with a bearer token). `memctl` uses it while the daemon holds the
+//! database.
+//!
+//! | request | answer |
+//! |---|---|
+//! | `GET /v1/status` | the daemon, the model, and per stream pending work, lag, throughput |
+//! | `GET /v1/streams` | the streams (as `memctl streams list --json`) |
+//! | `DELETE /v1/streams?stream=S` | removes a stream |
+//! | `POST /v1/append` `{stream, text, source?, force?}` | commit 1; the daemon reads it in |
+//! | `GET /v1/memory?stream=S[&at=V]` | a memory version |
+//! | `GET /v1/history?stream=S` | every memory version |
+//! | `POST /v1/memory` `{stream, version}` | adds a version written by a person |
+//! | `POST /v1/query` `{stream, question, at?, deep?}` | an answer from the memory |
+//!
+//! Errors are `{"error": "…"}` with status 400, 404 or 500.
+
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Query, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use memagent_engine::agent::extract_answer;
+use memagent_store::{MemoryVersion, Store, GENERAL};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::engine::EngineHandle;
+use crate::files::Arrival;
+use crate::stats::Stats;
+
+/// Facts about the running daemon for `status`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DaemonInfo {
+    pub pid: u32,
+    pub version: String,
+    pub model: String,
+    pub chunk_tokens: usize,
+    pub memory_tokens: usize,
+    pub data_dir: String,
+    pub idle_seconds: f64,
+    pub watches: usize,
+}
+
+#[derive(Clone)]
+pub(crate) struct AppState {
+    pub store: Arc<Store>,
+    pub engine: EngineHandle,
+    pub stats: Arc<Mutex<Stats>>,
+    pub info: Arc<DaemonInfo>,
+    /// Tells the scheduler about content appended through the API.
+    pub arrivals: tokio::sync::mpsc::UnboundedSender<Arrival>,
+}
+
+pub(crate) struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({ "error": self.1 }))).into_response()
+    }
+}
+
+impl From<memagent_store::Error> for ApiError {
+    fn from(e: memagent_store::Error) -> Self {
+        let status = match e {
+            memagent_store::Error::NoStream(_) | memagent_store::Error::NoVersion { .. } => {
+                StatusCode::NOT_FOUND
+            }
+            memagent_store::Error::BadName(_) => StatusCode::BAD_REQUEST,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        Self(status, e.to_string())
+    }
+}
+
+fn engine_error(e: String) -> ApiError {
+    ApiError(StatusCode::INTERNAL_SERVER_ERROR, e)
+}
+
+type ApiResult<T = Json<Value>> = Result<T, ApiError>;
+
+pub(crate) fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/status", get(status))
+        .route("/v1/streams", get(streams).delete(remove_stream))
+        .route("/v1/append", post(append))
+        .route("/v1/memory", get(memory).post(add_memory))
+        .route("/v1/history", get(history))
+        .route("/v1/query", post(query))
+        .with_state(state)
+}
+
+/// Requires `Authorization: Bearer <token>` (the TCP listener).
+pub(crate) async fn require_token(
+    State(token): State<Arc<str>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    // Compared without an early exit, so that timing says nothing of the token.
+    let ok = given.is_some_and(|g| {
+        g.len() == token.len()
+            && g.bytes()
+                .zip(token.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    });
+    if !ok {
+        return ApiError(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong bearer token".into(),
+        )
+        .into_response();
+    }
+    next.run(request).await
+}
+
+/// One row per stream: size, chunks read, latest version and pending bytes.
+pub fn stream_rows(store: &Store) -> memagent_store::Result<Vec<Value>> {
+    let mut rows = Vec::new();
+    for s in store.streams()? {
+        let cursor = store.cursor(&s, GENERAL)?;
+        rows.push(json!({
+            "stream": s.name,
+            "log_bytes": s.log_len,
+            "pending_bytes": s.log_len - cursor.offset,
+            "chunks": cursor.next_chunk,
+            "version": cursor.version,
+        }));
+    }
+    Ok(rows)
+}
+
+async fn status(State(state): State<AppState>) -> ApiResult {
+    let mut rows = stream_rows(&state.store)?;
+    let stats = state.stats.lock().expect("stats");
+    for row in &mut rows {
+        let name = row["stream"].as_str().unwrap_or_default().to_string();
+        let s = stats.streams.get(&name);
+        let extra = json!({
+            "pending_tokens": s.and_then(|s| s.pending_tokens),
+            "lag_seconds": s.map_or(0.0, |s| s.lag()),
+            "lag_p50_seconds": s.and_then(|s| s.lag_percentile(50.0)),
+            "lag_p90_seconds": s.and_then(|s| s.lag_percentile(90.0)),
+            "steps": s.map_or(0, |s| s.steps),
+            "tokens_read": s.map_or(0, |s| s.tokens),
+            "tokens_per_second": s.filter(|s| s.seconds > 0.0).map(|s| s.tokens as f64 / s.seconds),
+            "last_update": s.and_then(|s| s.last_update),
+            "last_error": s.and_then(|s| s.last_error.clone()),
+        });
+        if let (Value::Object(row), Value::Object(extra)) = (row, extra) {
+            row.extend(extra);
+        }
+    }
+    Ok(Json(json!({
+        "daemon": *state.info,
+        "uptime_seconds": stats.started.elapsed().as_secs_f64(),
+        "files": stats.files,
+        "scans": stats.scans,
+        "busy": stats.busy,
+        "streams": rows,
+    })))
+}
+
+async fn streams(State(state): State<AppState>) -> ApiResult {
+    Ok(Json(Value::Array(stream_rows(&state.store)?)))
+}
+
+#[derive(Deserialize)]
+struct StreamParam {
+    stream: String,
+    at: Option<u64>,
+}
+
+async fn remove_stream(State(state): State<AppState>, Query(p): Query<StreamParam>) -> ApiResult {
+    state.store.remove_stream(&p.stream)?;
+    Ok(Json(json!({ "removed": p.stream })))
+}
+
+#[derive(Deserialize)]
+struct AppendBody {
+    stream: String,
+    text: String,
+    source: Option<String>,
+    #[serde(default)]
+    force: bool,
+}
+
+async fn append(State(state): State<AppState>, Json(body): Json<AppendBody>) -> ApiResult {
+    let appended = state.store.append_with(
+        &body.stream,
+        body.text.as_bytes(),
+        body.source.as_deref(),
+        body.force,
+    )?;
+    if appended.bytes > 0 {
+        let _ = state.arrivals.send(Arrival {
+            stream: body.stream.clone(),
+            log_len: appended.log_len,
+            at: std::time::Instant::now(),
+        });
+    }
+    Ok(Json(json!({
+        "stream": body.stream,
+        "appended_bytes": appended.bytes,
+        "revision": appended.revision,
+        "log_bytes": appended.log_len,
+    })))
+}
+
+fn version_at(store: &Store, stream: &str, at: Option<u64>) -> ApiResult<MemoryVersion> {
+    let record = store.require(stream)?;
+    let found = match at {
+        Some(v) => store.version(&record, GENERAL, v)?,
+        None => store.latest(&record, GENERAL)?,
+    };
+    found.ok_or_else(|| {
+        ApiError(
+            StatusCode::NOT_FOUND,
+            match at {
+                Some(v) => format!("stream `{stream}` has no memory version {v}"),
+                None => format!(
+                    "stream `{stream}` has no memory yet; the daemon reads it as content arrives"
+                ),
+            },
+        )
+    })
+}
+
+async fn memory(State(state): State<AppState>, Query(p): Query<StreamParam>) -> ApiResult {
+    let v = version_at(&state.store, &p.stream, p.at)?;
+    Ok(Json(serde_json::to_value(v).unwrap_or_default()))
+}
+
+async fn history(State(state): State<AppState>, Query(p): Query<StreamParam>) -> ApiResult {
+    let record = state.store.require(&p.stream)?;
+    let versions = state.store.versions(&record, GENERAL)?;
+    Ok(Json(serde_json::to_value(versions).unwrap_or_default()))
+}
+
+#[derive(Deserialize)]
+struct NewVersion {
+    stream: String,
+    version: MemoryVersion,
+}
+
+async fn add_memory(State(state): State<AppState>, Json(body): Json<NewVersion>) -> ApiResult {
+    let record = state.store.require(&body.stream)?;
+    let v = state.store.add_version(&record, GENERAL, body.version)?;
+    Ok(Json(serde_json::to_value(v).unwrap_or_default()))
+}
+
+#[derive(Deserialize)]
+struct QueryBody {
+    stream: String,
+    question: String,
+    at: Option<u64>,
+    #[serde(default)]
+    deep: bool,
+}
+
+async fn query(State(state): State<AppState>, Json(body): Json<QueryBody>) -> ApiResult {
+    if body.question.trim().is_empty() {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            "the question is empty".into(),
+        ));
+    }
+    if body.deep {
+        state.store.require(&body.stream)?;
+        let deep = state
+            .engine
+            .deep(&body.stream, &body.question)
+            .await
+            .map_err(engine_error)?;
+        return Ok(Json(json!({
+            "stream": body.stream,
+            "question": body.question,
+            "deep": true,
+            "chain": deep.chain,
+            "version": deep.version,
+            "chunks_read": deep.steps,
+            "answer": deep.answer.reply,
+            "extracted": deep.answer.answer,
+            "template": deep.answer.template,
+            "seconds": deep.answer.seconds,
+        })));
+    }
+    let memory = version_at(&state.store, &body.stream, body.at)?;
+    let version = memory.version;
+    let report = state
+        .engine
+        .answer(memory, &body.question)
+        .await
+        .map_err(engine_error)?;
+    Ok(Json(json!({
+        "stream": body.stream,
+        "version": version,
+        "question": body.question,
+        "answer": report.reply,
+        "extracted": extract_answer(&report.reply),
+        "template": report.template,
+        "prompt_tokens": report.prompt_tokens,
+        "completion_tokens": report.completion_tokens,
+        "seconds": report.seconds,
+    })))
+}

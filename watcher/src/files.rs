@@ -1,0 +1,366 @@
+//! Watched files: walking the watches, telling appends from rewrites, renames and
+//! deletions, and appending what is new to the streams (commit 1).
+
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use memagent_store::{FileRecord, Store};
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::chat;
+use crate::config::{Watch, WatchFormat};
+
+/// New content in a stream's log, for the scheduler.
+#[derive(Debug, Clone)]
+pub struct Arrival {
+    pub stream: String,
+    /// The log's length after the append.
+    pub log_len: u64,
+    pub at: Instant,
+}
+
+/// Bytes looked at for a NUL that marks a binary file.
+const BINARY_PROBE: usize = 8192;
+
+/// What was seen of a path the last time, to skip files that did not change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime_ns: i128,
+}
+
+impl Seen {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+        }
+    }
+}
+
+/// The files of every watch and how far each was read.
+pub(crate) struct Tracker {
+    store: Arc<Store>,
+    pub watches: Vec<Watch>,
+    files: HashMap<String, FileRecord>,
+    seen: HashMap<PathBuf, Seen>,
+    /// The last problem logged per path, so that rescans do not repeat it.
+    problems: HashMap<PathBuf, String>,
+    arrivals: UnboundedSender<Arrival>,
+}
+
+impl Tracker {
+    pub fn new(
+        store: Arc<Store>,
+        watches: Vec<Watch>,
+        arrivals: UnboundedSender<Arrival>,
+    ) -> memagent_store::Result<Self> {
+        let files = store
+            .files()?
+            .into_iter()
+            .map(|f| (f.path.clone(), f))
+            .collect();
+        Ok(Self {
+            store,
+            watches,
+            files,
+            seen: HashMap::new(),
+            problems: HashMap::new(),
+            arrivals,
+        })
+    }
+
+    pub fn tracked(&self) -> usize {
+        self.files.len()
+    }
+
+    /// Reads everything that changed under every watch (start-up and periodic rescans).
+    pub fn scan(&mut self) {
+        for i in 0..self.watches.len() {
+            let root = self.watches[i].config.path.clone();
+            match std::fs::metadata(&root) {
+                Ok(meta) if meta.is_dir() => self.walk(&root, i),
+                Ok(_) => self.sync_path(&root),
+                Err(e) => self.problem(&root, format!("cannot watch it: {e}")),
+            }
+        }
+    }
+
+    fn walk(&mut self, dir: &Path, watch: usize) {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) => return self.problem(dir, format!("cannot list the folder: {e}")),
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            if kind.is_dir() {
+                if self.watches[watch].config.recursive
+                    && !entry.file_name().to_string_lossy().starts_with('.')
+                {
+                    self.walk(&path, watch);
+                }
+            } else if kind.is_symlink() {
+                match std::fs::metadata(&path) {
+                    Err(e) => self.problem(&path, format!("cannot read it: {e}")),
+                    Ok(meta) if meta.is_dir() => {
+                        tracing::debug!("{}: a link to a folder; not followed", path.display())
+                    }
+                    Ok(_) => self.sync_path(&path),
+                }
+            } else {
+                self.sync_path(&path);
+            }
+        }
+    }
+
+    /// Handles a change at `path`: a file is read if a watch takes it; a new folder is
+    /// walked.
+    pub fn sync_path(&mut self, path: &Path) {
+        let Some((index, stream)) = self
+            .watches
+            .iter()
+            .enumerate()
+            .find_map(|(i, w)| w.stream_for(path).map(|s| (i, s)))
+        else {
+            return;
+        };
+        if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+            if self.watches[index].config.recursive {
+                self.walk(path, index);
+            }
+            return;
+        }
+        let format = self.watches[index].config.format.resolve(path);
+        match self.sync_file(path, &stream, format) {
+            Ok(()) => {
+                self.problems.remove(path);
+            }
+            Err(reason) => self.problem(path, reason),
+        }
+    }
+
+    /// Logs a problem with a path once (until it changes).
+    fn problem(&mut self, path: &Path, reason: String) {
+        if self.problems.get(path) != Some(&reason) {
+            tracing::warn!("{}: {reason}", path.display());
+            self.problems.insert(path.to_path_buf(), reason);
+        }
+    }
+
+    fn sync_file(&mut self, path: &Path, stream: &str, format: WatchFormat) -> Result<(), String> {
+        let Some(key) = path.to_str().map(str::to_string) else {
+            return Err("the path is not UTF-8; skipped".into());
+        };
+        let meta = match std::fs::metadata(path) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if self.files.contains_key(&key) {
+                    if self.seen.remove(path).is_some() {
+                        tracing::info!("{key}: removed; what was read from it stays in memory");
+                    }
+                } else {
+                    tracing::info!("{key}: gone before it could be read");
+                }
+                return Ok(());
+            }
+            Err(e) => return Err(format!("cannot read it: {e}")),
+        };
+        if !meta.is_file() {
+            return Ok(());
+        }
+        // Honoured even where the daemon could read it anyway (as root).
+        if meta.mode() & 0o444 == 0 {
+            return Err(format!(
+                "no read permission (mode {:03o}); skipped until it has one",
+                meta.mode() & 0o777
+            ));
+        }
+        let seen = Seen::of(&meta);
+        if self.seen.get(path) == Some(&seen) {
+            return Ok(());
+        }
+        let bytes = match std::fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                tracing::info!("{key}: removed while being read");
+                return Ok(());
+            }
+            Err(e) => return Err(format!("cannot read it: {e}")),
+        };
+        // What was read may be newer than `meta`: remember the size actually read.
+        let seen = Seen {
+            len: bytes.len() as u64,
+            ..seen
+        };
+        if let Some(at) = bytes[..bytes.len().min(BINARY_PROBE)]
+            .iter()
+            .position(|&b| b == 0)
+        {
+            self.seen.insert(path.to_path_buf(), seen);
+            return Err(format!(
+                "a binary file (a NUL byte at offset {at}); skipped"
+            ));
+        }
+
+        // The file's record: by path, else a known file with the same identity that is
+        // no longer where it was (a rename).
+        let mut renamed_from = None;
+        let known = match self.files.get(&key) {
+            Some(record) => Some(record.clone()),
+            None => self
+                .files
+                .values()
+                .find(|r| {
+                    r.dev == seen.dev
+                        && r.ino == seen.ino
+                        && std::fs::metadata(&r.path)
+                            .map_or(true, |m| m.dev() != r.dev || m.ino() != r.ino)
+                })
+                .cloned()
+                .inspect(|record| {
+                    tracing::info!(
+                        "{key}: renamed from {}; read on from where it was",
+                        record.path
+                    );
+                    renamed_from = Some(record.path.clone());
+                }),
+        };
+        let (start, lines, revisions, revised) = match &known {
+            Some(r) => {
+                let offset = r.offset as usize;
+                if bytes.len() >= offset && Sha256::digest(&bytes[..offset]).as_slice() == r.sha256
+                {
+                    (offset, r.lines, r.revisions, false)
+                } else {
+                    let how = if bytes.len() < offset {
+                        "truncated"
+                    } else {
+                        "rewritten"
+                    };
+                    tracing::warn!(
+                        "{key}: {how} since it was read; reading it whole as revision {}",
+                        r.revisions + 1
+                    );
+                    (0, 0, r.revisions + 1, true)
+                }
+            }
+            None => (0, 0, 0, false),
+        };
+        let new = &bytes[start..];
+        let (mut text, consumed, new_lines) = match format {
+            WatchFormat::ChatJsonl => {
+                let parsed = chat::parse(new, lines);
+                for (line, reason) in &parsed.errors {
+                    tracing::warn!("{key}:{line}: {reason}; line skipped");
+                }
+                (parsed.text, parsed.consumed, parsed.lines)
+            }
+            _ => {
+                let take = complete_utf8_len(new);
+                let text = match std::str::from_utf8(&new[..take]) {
+                    Ok(text) => text.to_string(),
+                    Err(e) => {
+                        tracing::warn!(
+                            "{key}: invalid UTF-8 at byte {}; decoded with U+FFFD in its place",
+                            start + e.valid_up_to()
+                        );
+                        String::from_utf8_lossy(&new[..take]).into_owned()
+                    }
+                };
+                (text, take, 0)
+            }
+        };
+        if revised {
+            let name = path
+                .file_name()
+                .map_or(key.clone(), |n| n.to_string_lossy().into());
+            text = format!("\n[{name} was rewritten; revision {revisions} follows]\n{text}");
+        }
+        let offset = start + consumed;
+        let record = FileRecord {
+            path: key.clone(),
+            stream: known
+                .as_ref()
+                .map_or(stream.to_string(), |r| r.stream.clone()),
+            dev: seen.dev,
+            ino: seen.ino,
+            offset: offset as u64,
+            sha256: Sha256::digest(&bytes[..offset]).into(),
+            lines: lines + new_lines,
+            revisions,
+        };
+        if known.as_ref() != Some(&record) {
+            let appended = self
+                .store
+                .append_file(text.as_bytes(), &record, renamed_from.as_deref())
+                .map_err(|e| format!("cannot store what was read: {e}"))?;
+            if appended.bytes > 0 {
+                tracing::debug!(
+                    "{key}: {} new bytes into `{}` (log {} bytes)",
+                    appended.bytes,
+                    record.stream,
+                    appended.log_len
+                );
+                let _ = self.arrivals.send(Arrival {
+                    stream: record.stream.clone(),
+                    log_len: appended.log_len,
+                    at: Instant::now(),
+                });
+            }
+            if let Some(old) = &renamed_from {
+                self.files.remove(old);
+            }
+            self.files.insert(key, record);
+        }
+        self.seen.insert(path.to_path_buf(), seen);
+        Ok(())
+    }
+}
+
+/// Length of `bytes` without a trailing UTF-8 sequence that is not complete yet (a
+/// writer may be in the middle of a character).
+fn complete_utf8_len(bytes: &[u8]) -> usize {
+    let len = bytes.len();
+    for back in 1..=len.min(3) {
+        let b = bytes[len - back];
+        if b & 0xC0 == 0x80 {
+            continue; // a continuation byte: look further back for the leading one
+        }
+        let need = match b {
+            0xC0..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF7 => 4,
+            _ => 1,
+        };
+        return if need > back { len - back } else { len };
+    }
+    len
+}
+
+#[cfg(test)]
+mod tests {
+    use super::complete_utf8_len;
+
+    #[test]
+    fn an_incomplete_last_character_waits() {
+        let text = "café €".as_bytes();
+        assert_eq!(complete_utf8_len(text), text.len());
+        assert_eq!(complete_utf8_len(&text[..text.len() - 1]), text.len() - 3);
+        assert_eq!(complete_utf8_len(&text[..text.len() - 2]), text.len() - 3);
+        assert_eq!(complete_utf8_len(b"abc"), 3);
+        assert_eq!(complete_utf8_len(b""), 0);
+        // Invalid bytes are not held back: they are decoded lossily.
+        assert_eq!(complete_utf8_len(b"a\xff"), 2);
+    }
+}

@@ -1,0 +1,361 @@
+//! The memagent daemon: watches files, folders and conversation logs, appends what is new
+//! to their streams at once (commit 1), has the engine read pending chunks into memory
+//! (commit 2), and answers over a local socket.
+//!
+//! Three parts run side by side and never wait on each other: a thread that follows the
+//! files (notify events, a start-up reconciliation scan and periodic rescans), a
+//! scheduler that decides which stream the engine reads next, and the HTTP API. The
+//! engine itself runs on the thread that owns the model, behind a request channel
+//! ([`EngineHandle`]); [`serve_engine`] is that thread's loop. Problems with single files
+//! are logged with the file and never stop the daemon. The crate never prints.
+//!
+//! ```no_run
+//! # fn demo(agent: &memagent_engine::agent::MemoryAgent<'_>) -> memagent_watcher::Result<()> {
+//! use std::sync::Arc;
+//! use memagent_watcher::{DaemonOptions, EngineHandle};
+//!
+//! let store = Arc::new(memagent_store::Store::open("/tmp/memagent-data".as_ref())?);
+//! let (engine, requests) = EngineHandle::channel();
+//! // The thread that owns the model runs `serve_engine(agent, &store, …, requests)`.
+//! # let info = unimplemented!();
+//! memagent_watcher::run(store, engine, info, DaemonOptions::default())?;
+//! # Ok(()) }
+//! ```
+
+mod api;
+mod chat;
+mod config;
+mod engine;
+mod error;
+mod files;
+mod scheduler;
+mod stats;
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use memagent_store::Store;
+use notify::{RecursiveMode, Watcher};
+
+pub use api::{stream_rows, DaemonInfo};
+pub use chat::{parse as parse_chat, Parsed};
+pub use config::{
+    socket_path, validate_watches, DaemonOptions, TcpOptions, WatchConfig, WatchFormat,
+};
+pub use engine::{serve as serve_engine, EngineHandle, Request, Step};
+pub use error::{Error, Result};
+
+use config::Watch;
+use files::Tracker;
+use stats::Stats;
+
+enum Msg {
+    Paths(Vec<PathBuf>),
+    Rescan,
+    Stop,
+}
+
+/// Runs the daemon until SIGTERM or SIGINT, then stops cleanly: the listeners close,
+/// the file thread ends, the socket is removed and the store is flushed.
+pub fn run(
+    store: Arc<Store>,
+    engine: EngineHandle,
+    info: DaemonInfo,
+    options: DaemonOptions,
+) -> Result<()> {
+    let watches = options
+        .watches
+        .iter()
+        .cloned()
+        .map(Watch::new)
+        .collect::<Result<Vec<_>>>()?;
+    let socket = socket_path(store.path());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|source| Error::Io {
+            path: socket.clone(),
+            source,
+        })?;
+    let stats = Arc::new(Mutex::new(Stats::default()));
+    let (arrivals_tx, arrivals_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+
+    let state = api::AppState {
+        store: store.clone(),
+        engine: engine.clone(),
+        stats: stats.clone(),
+        info: Arc::new(info),
+        arrivals: arrivals_tx.clone(),
+    };
+    runtime.block_on(async move {
+        let unix = bind_socket(&socket)?;
+        let tcp = match &options.tcp {
+            Some(tcp) => Some((
+                tokio::net::TcpListener::bind(tcp.addr)
+                    .await
+                    .map_err(|source| Error::Io {
+                        path: PathBuf::from(tcp.addr.to_string()),
+                        source,
+                    })?,
+                Arc::<str>::from(tcp.token.as_str()),
+            )),
+            None => None,
+        };
+
+        // The file thread: events, settling, rescans.
+        let (file_tx, file_rx) = mpsc::channel();
+        let file_thread = {
+            let tracker = Tracker::new(store.clone(), watches, arrivals_tx)?;
+            let stats = stats.clone();
+            let events = file_tx.clone();
+            let settle = options.settle;
+            let rescan = options.rescan;
+            std::thread::Builder::new()
+                .name("memagent-files".into())
+                .spawn(move || follow_files(tracker, events, file_rx, stats, settle, rescan))
+                .map_err(|source| Error::Io {
+                    path: socket.clone(),
+                    source,
+                })?
+        };
+
+        let scheduler = scheduler::Scheduler {
+            store: store.clone(),
+            engine,
+            stats,
+            idle: options.idle,
+        };
+        let scheduler = tokio::spawn(scheduler.run(arrivals_rx, shutdown_rx.clone()));
+
+        let app = api::router(state);
+        let unix_server = {
+            let mut stop = shutdown_rx.clone();
+            let app = app.clone();
+            tokio::spawn(async move {
+                axum::serve(unix, app)
+                    .with_graceful_shutdown(async move {
+                        let _ = stop.changed().await;
+                    })
+                    .await
+            })
+        };
+        let tcp_server = tcp.map(|(listener, token)| {
+            let mut stop = shutdown_rx.clone();
+            tracing::info!(
+                "API on http://{} (bearer token required)",
+                listener.local_addr().map_or("?".into(), |a| a.to_string())
+            );
+            let app = app.layer(axum::middleware::from_fn_with_state(
+                token,
+                api::require_token,
+            ));
+            tokio::spawn(async move {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(async move {
+                        let _ = stop.changed().await;
+                    })
+                    .await
+            })
+        });
+        tracing::info!("listening on {}", socket.display());
+
+        wait_for_signal().await;
+        tracing::info!("stopping");
+        let _ = shutdown_tx.send(true);
+        let _ = file_tx.send(Msg::Stop);
+        let _ = unix_server.await;
+        if let Some(server) = tcp_server {
+            let _ = server.await;
+        }
+        // The step in flight, if any, is abandoned: its commit is atomic, so it is
+        // simply done again at the next start.
+        scheduler.abort();
+        let _ = tokio::task::spawn_blocking(move || file_thread.join()).await;
+        let _ = std::fs::remove_file(&socket);
+        store.flush()?;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}
+
+/// Binds the API socket, readable and writable by its owner only.
+fn bind_socket(path: &std::path::Path) -> Result<tokio::net::UnixListener> {
+    // The caller holds the database lock, so a socket left here is stale.
+    let _ = std::fs::remove_file(path);
+    // SAFETY: umask only swaps the process's file-creation mask; no memory is involved.
+    let old = unsafe { libc::umask(0o177) };
+    let bound = tokio::net::UnixListener::bind(path);
+    // SAFETY: as above, restoring the previous mask.
+    unsafe { libc::umask(old) };
+    let listener = bound.map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|source| {
+        Error::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    })?;
+    Ok(listener)
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("a SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("a SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+}
+
+/// The file thread: registers the watches with notify, reconciles at start, then reads
+/// each changed path once its events settle, and rescans everything periodically.
+fn follow_files(
+    mut tracker: Tracker,
+    events: mpsc::Sender<Msg>,
+    inbox: mpsc::Receiver<Msg>,
+    stats: Arc<Mutex<Stats>>,
+    settle: std::time::Duration,
+    rescan: std::time::Duration,
+) {
+    let handler = {
+        let events = events.clone();
+        move |result: notify::Result<notify::Event>| match result {
+            Ok(event) => {
+                if event.need_rescan() {
+                    let _ = events.send(Msg::Rescan);
+                }
+                let _ = events.send(Msg::Paths(event.paths));
+            }
+            Err(e) => {
+                tracing::warn!("file events: {e}; rescanning");
+                let _ = events.send(Msg::Rescan);
+            }
+        }
+    };
+    let mut watcher = match notify::RecommendedWatcher::new(
+        handler,
+        notify::Config::default().with_follow_symlinks(false),
+    ) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::error!(
+                "cannot watch files ({e}); relying on rescans every {}s",
+                rescan.as_secs()
+            );
+            None
+        }
+    };
+    let mut registered: HashSet<PathBuf> = HashSet::new();
+    let mut dirty: std::collections::HashMap<PathBuf, Instant> = Default::default();
+    let mut next_scan = Instant::now();
+    let started = Instant::now();
+    loop {
+        let now = Instant::now();
+        if now >= next_scan {
+            if let Some(w) = watcher.as_mut() {
+                register(w, &tracker, &mut registered);
+            }
+            tracker.scan();
+            let mut s = stats.lock().expect("stats");
+            if s.scans == 0 {
+                tracing::info!(
+                    "start-up scan: {} files in {} watches, {:.2}s",
+                    tracker.tracked(),
+                    tracker.watches.len(),
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            s.scans += 1;
+            s.files = tracker.tracked();
+            next_scan = Instant::now() + rescan;
+        }
+        let now = Instant::now();
+        let wait = dirty
+            .values()
+            .map(|t| (*t + settle).saturating_duration_since(now))
+            .min()
+            .unwrap_or(rescan)
+            .min(next_scan.saturating_duration_since(now));
+        match inbox.recv_timeout(wait) {
+            Ok(Msg::Paths(paths)) => {
+                for path in paths {
+                    // Settling counts from the first event, so that a file written
+                    // without pause is still read every `settle`.
+                    dirty.entry(path).or_insert_with(Instant::now);
+                }
+            }
+            Ok(Msg::Rescan) => next_scan = Instant::now(),
+            Ok(Msg::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        let now = Instant::now();
+        let ready: Vec<PathBuf> = dirty
+            .iter()
+            .filter(|(_, t)| now.duration_since(**t) >= settle)
+            .map(|(p, _)| p.clone())
+            .collect();
+        let mut roots_changed = false;
+        for path in ready {
+            dirty.remove(&path);
+            roots_changed |= tracker.watches.iter().any(|w| w.config.path == path);
+            tracker.sync_path(&path);
+        }
+        if roots_changed {
+            if let Some(w) = watcher.as_mut() {
+                register(w, &tracker, &mut registered);
+            }
+        }
+        stats.lock().expect("stats").files = tracker.tracked();
+    }
+}
+
+/// Registers each watch's root with notify (a file through its folder, so that atomic
+/// saves that replace it are seen; a root that does not exist yet through its folder,
+/// and itself once it appears).
+fn register(
+    watcher: &mut notify::RecommendedWatcher,
+    tracker: &Tracker,
+    registered: &mut HashSet<PathBuf>,
+) {
+    for watch in &tracker.watches {
+        let root = &watch.config.path;
+        let (target, mode) = match std::fs::metadata(root) {
+            Ok(meta) if meta.is_dir() => (
+                root.clone(),
+                if watch.config.recursive {
+                    RecursiveMode::Recursive
+                } else {
+                    RecursiveMode::NonRecursive
+                },
+            ),
+            // A file, or a root that does not exist yet: its folder tells when it
+            // appears or is replaced.
+            _ => match root.parent().filter(|p| p.is_dir()) {
+                Some(parent) => (parent.to_path_buf(), RecursiveMode::NonRecursive),
+                None => continue,
+            },
+        };
+        if registered.contains(&target) {
+            continue;
+        }
+        match watcher.watch(&target, mode) {
+            Ok(()) => {
+                tracing::debug!("watching {}", target.display());
+                registered.insert(target);
+            }
+            Err(e) => tracing::warn!(
+                "{}: cannot watch it ({e}); rescans still read it",
+                target.display()
+            ),
+        }
+    }
+}

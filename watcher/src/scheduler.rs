@@ -1,0 +1,145 @@
+//! Which stream the engine reads next: a stream is due when a whole chunk is pending, or
+//! when it has been idle for a while with a partial chunk (so a paused chat is still
+//! remembered). Due streams are served round robin, one chunk at a time, and only one
+//! step is in flight, so a query waits for at most one step.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use memagent_store::{Store, GENERAL};
+use tokio::sync::{mpsc, watch};
+
+use crate::engine::{EngineHandle, Step};
+use crate::files::Arrival;
+use crate::stats::Stats;
+
+/// A stream whose step failed is tried again after this long.
+const RETRY_AFTER: Duration = Duration::from_secs(30);
+
+pub(crate) struct Scheduler {
+    pub store: Arc<Store>,
+    pub engine: EngineHandle,
+    pub stats: Arc<Mutex<Stats>>,
+    pub idle: Duration,
+}
+
+impl Scheduler {
+    pub async fn run(
+        self,
+        mut arrivals: mpsc::UnboundedReceiver<Arrival>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        let started = Instant::now();
+        let mut last_arrival: HashMap<String, Instant> = HashMap::new();
+        let mut failed: HashMap<String, Instant> = HashMap::new();
+        let mut last_served: Option<String> = None;
+        loop {
+            while let Ok(arrival) = arrivals.try_recv() {
+                self.arrived(&mut last_arrival, arrival);
+            }
+            if *shutdown.borrow() {
+                return;
+            }
+            let pending = match self.pending_streams() {
+                Ok(pending) => pending,
+                Err(e) => {
+                    tracing::error!("cannot list the streams: {e}");
+                    Vec::new()
+                }
+            };
+            // Round robin: start after the stream served last.
+            let start = last_served
+                .as_ref()
+                .and_then(|s| pending.iter().position(|p| p == s))
+                .map_or(0, |i| i + 1);
+            let order = pending[start..].iter().chain(&pending[..start]);
+            let mut wake: Option<Instant> = None;
+            let mut served = false;
+            for stream in order {
+                if let Some(until) = failed.get(stream).map(|at| *at + RETRY_AFTER) {
+                    if Instant::now() < until {
+                        wake = Some(wake.map_or(until, |w| w.min(until)));
+                        continue;
+                    }
+                    failed.remove(stream);
+                }
+                let since = last_arrival.get(stream).copied().unwrap_or(started);
+                let idle_at = since + self.idle;
+                let full_only = Instant::now() < idle_at;
+                self.stats.lock().expect("stats").busy = Some(stream.clone());
+                let outcome = self.engine.step(stream, full_only).await;
+                self.stats.lock().expect("stats").busy = None;
+                match outcome {
+                    Ok(Step::Done(step)) => {
+                        tracing::info!(
+                            "{stream}: chunk {} ({} tokens) -> memory v{} ({} tokens{}) in {:.1}s",
+                            step.chunk.index,
+                            step.chunk.tokens,
+                            step.version.version,
+                            step.version.tokens,
+                            if step.version.cut { ", cut" } else { "" },
+                            step.version.seconds
+                        );
+                        self.stats.lock().expect("stats").stepped(stream, &step);
+                        last_served = Some(stream.clone());
+                        served = true;
+                        break;
+                    }
+                    Ok(Step::NotReady { pending_tokens }) => {
+                        let mut stats = self.stats.lock().expect("stats");
+                        stats
+                            .streams
+                            .entry(stream.clone())
+                            .or_default()
+                            .pending_tokens = Some(pending_tokens);
+                        wake = Some(wake.map_or(idle_at, |w| w.min(idle_at)));
+                    }
+                    Ok(Step::Nothing) => {}
+                    Err(e) => {
+                        tracing::error!("{e}; trying again in {}s", RETRY_AFTER.as_secs());
+                        let mut stats = self.stats.lock().expect("stats");
+                        stats.streams.entry(stream.clone()).or_default().last_error = Some(e);
+                        failed.insert(stream.clone(), Instant::now());
+                    }
+                }
+            }
+            if served {
+                continue;
+            }
+            let sleep = async {
+                match wake {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                arrival = arrivals.recv() => match arrival {
+                    Some(arrival) => self.arrived(&mut last_arrival, arrival),
+                    None => return,
+                },
+                () = sleep => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+
+    fn arrived(&self, last_arrival: &mut HashMap<String, Instant>, arrival: Arrival) {
+        self.stats
+            .lock()
+            .expect("stats")
+            .arrived(&arrival.stream, arrival.log_len, arrival.at);
+        last_arrival.insert(arrival.stream, arrival.at);
+    }
+
+    /// Streams with content their general memory has not read, by name.
+    fn pending_streams(&self) -> memagent_store::Result<Vec<String>> {
+        let mut out = Vec::new();
+        for stream in self.store.streams()? {
+            if self.store.cursor(&stream, GENERAL)?.offset < stream.log_len {
+                out.push(stream.name);
+            }
+        }
+        Ok(out)
+    }
+}
