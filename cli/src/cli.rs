@@ -446,6 +446,35 @@ pub enum BenchCommand {
     /// The store alone (memory text supplied, no model): commit latency with flush, and
     /// database size against content size
     Store(BenchStoreArgs),
+    /// The daemon as a user runs it (a child process watching files): lag from an append
+    /// to the memory updated, and input tokens per second with 1, 4 and 16 watched
+    /// streams
+    Daemon(BenchDaemonArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchDaemonArgs {
+    /// Numbers of watched files (one stream each) for the throughput runs
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
+    pub streams: Vec<usize>,
+    /// Tokens written to each file in a throughput run
+    #[arg(long, default_value_t = 2048)]
+    pub tokens: usize,
+    /// Chunk-sized appends timed for the lag
+    #[arg(long, default_value_t = 5)]
+    pub chunk_appends: usize,
+    /// One-line appends timed for the lag (each waits for the idle interval)
+    #[arg(long, default_value_t = 3)]
+    pub line_appends: usize,
+    /// The daemon's idle interval for the one-line appends (its default is 30)
+    #[arg(long, default_value_t = 30.0)]
+    pub idle_seconds: f64,
+    /// Folder of .txt files for the content [default: the shared essays, else noise]
+    #[arg(long, value_name = "DIR")]
+    pub haystack: Option<PathBuf>,
+    /// Print results as JSON
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

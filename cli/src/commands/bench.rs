@@ -8,7 +8,7 @@ use memagent_engine::bench::{bench_decode, bench_prefill, BenchResult};
 use memagent_engine::eval::{single_needle, Haystack, NeedleSample};
 use serde::Serialize;
 
-use crate::cli::{BenchEngineArgs, BenchNeedleArgs, BenchStoreArgs, GlobalArgs};
+use crate::cli::{BenchDaemonArgs, BenchEngineArgs, BenchNeedleArgs, BenchStoreArgs, GlobalArgs};
 
 /// Sentences cycled to make benchmark prompts of any length (content does not affect speed).
 const FILLER: &str = "The grass is green. The sky is blue. The sun is yellow. Here we go. \
@@ -355,10 +355,7 @@ pub fn store(global: &GlobalArgs, args: &BenchStoreArgs) -> Result<()> {
     drop(store);
     let disk_bytes = dir_size(&dir);
     let _ = std::fs::remove_dir_all(&dir);
-    let pct = |v: &mut Vec<f64>, p: f64| -> f64 {
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[((v.len() - 1) as f64 * p).round() as usize] * 1000.0
-    };
+    let pct = |v: &mut Vec<f64>, p: f64| percentile(v, p) * 1000.0;
     let result = serde_json::json!({
         "content_bytes": content.len(),
         "chunk_bytes": chunk_bytes,
@@ -410,4 +407,250 @@ fn default_haystack() -> Option<PathBuf> {
         .into_iter()
         .map(|root| root.join(tail))
         .find(|dir| dir.is_dir())
+}
+
+/// A `memctl daemon run` child on a fresh data directory, watching one folder with a
+/// stream per file.
+struct BenchDaemon {
+    child: std::process::Child,
+    client: super::client::DaemonClient,
+    root: PathBuf,
+    folder: PathBuf,
+}
+
+impl BenchDaemon {
+    fn start(global: &GlobalArgs, name: &str, idle: f64) -> Result<Self> {
+        let root = std::env::temp_dir().join(format!(
+            "memagent-bench-daemon-{name}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&root);
+        let folder = root.join("watched");
+        std::fs::create_dir_all(&folder)?;
+        let config = root.join("config.toml");
+        std::fs::write(
+            &config,
+            format!("[[watch]]\npath = \"{}\"\n", folder.display()),
+        )?;
+        let data = root.join("data");
+        let log = std::fs::File::create(root.join("daemon.log"))?;
+        let child = std::process::Command::new(std::env::current_exe()?)
+            .arg("--model")
+            .arg(crate::settings::model_path(global)?)
+            .arg("--config")
+            .arg(&config)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["daemon", "run", "--idle-seconds", &idle.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("cannot start the daemon")?;
+        let deadline = Instant::now() + std::time::Duration::from_secs(120);
+        let client = loop {
+            if let Some(client) = super::client::DaemonClient::connect(&data) {
+                break client;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the daemon did not start; see {}",
+                    root.join("daemon.log").display()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        Ok(Self {
+            child,
+            client,
+            root,
+            folder,
+        })
+    }
+
+    /// Status rows by stream.
+    fn streams(&self) -> Result<Vec<serde_json::Value>> {
+        let status = self.client.get("/v1/status")?;
+        Ok(status["streams"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// Polls until `check` holds on the status rows; returns when it did.
+    fn until(
+        &self,
+        what: &str,
+        mut check: impl FnMut(&[serde_json::Value]) -> bool,
+    ) -> Result<Instant> {
+        let deadline = Instant::now() + std::time::Duration::from_secs(3600);
+        loop {
+            if check(&self.streams()?) {
+                return Ok(Instant::now());
+            }
+            if Instant::now() > deadline {
+                bail!("timed out waiting for {what}");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for BenchDaemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+fn version_of(rows: &[serde_json::Value], stream: &str) -> u64 {
+    rows.iter()
+        .find(|r| r["stream"] == stream)
+        .and_then(|r| r["version"].as_u64())
+        .unwrap_or(0)
+}
+
+pub fn daemon(global: &GlobalArgs, args: &BenchDaemonArgs) -> Result<()> {
+    let haystack = haystack(args.haystack.as_deref())?;
+    let content = haystack.text(4 << 20);
+    // Bytes per token of this content, to write a given number of tokens.
+    let (bytes_per_token, chunk_tokens) = {
+        let model = super::load_model(global)?;
+        let sample = &content[..content.floor_char_boundary(65536)];
+        let tokens = model.tokenizer().encode(sample, false)?.len().max(1);
+        let profile =
+            memagent_engine::agent::Profile::for_model(model.name(), Some(model.parameters()));
+        (sample.len() as f64 / tokens as f64, profile.chunk_tokens)
+    };
+    let piece = |i: usize, tokens: usize| -> String {
+        let from = content.floor_char_boundary((i * 104_729) % (content.len() / 2));
+        let to = content.floor_char_boundary(from + (tokens as f64 * bytes_per_token) as usize);
+        let mut text = content[from..to].to_string();
+        text.push('\n');
+        text
+    };
+    let quiet = global.quiet || args.json;
+    let say = |line: String| {
+        if !quiet {
+            eprintln!("{line}");
+        }
+    };
+
+    // Throughput: every file written at once, until every stream has read all of it.
+    let mut runs = Vec::new();
+    for &streams in &args.streams {
+        let daemon = BenchDaemon::start(global, &format!("s{streams}"), 2.0)?;
+        let mut expected = Vec::new();
+        let started = Instant::now();
+        for i in 0..streams {
+            let name = format!("stream-{i:02}.txt");
+            let text = piece(i, args.tokens);
+            std::fs::write(daemon.folder.join(&name), &text)?;
+            expected.push((name, text.len() as u64));
+        }
+        daemon.until("every stream to read its file", |rows| {
+            expected.iter().all(|(name, bytes)| {
+                rows.iter().any(|r| {
+                    r["stream"] == name.as_str()
+                        && r["log_bytes"].as_u64() == Some(*bytes)
+                        && r["pending_bytes"] == 0
+                })
+            })
+        })?;
+        let seconds = started.elapsed().as_secs_f64();
+        let rows = daemon.streams()?;
+        let tokens: u64 = rows.iter().filter_map(|r| r["tokens_read"].as_u64()).sum();
+        let steps: u64 = rows.iter().filter_map(|r| r["steps"].as_u64()).sum();
+        let row = serde_json::json!({
+            "streams": streams,
+            "tokens": tokens,
+            "steps": steps,
+            "seconds": seconds,
+            "input_tokens_per_second": tokens as f64 / seconds,
+        });
+        say(format!(
+            "{streams} streams: {tokens} tokens in {steps} steps, {seconds:.1}s, {:.1} input tok/s",
+            tokens as f64 / seconds
+        ));
+        runs.push(row);
+    }
+
+    // Lag: from writing an append to the memory version that read it.
+    let daemon = BenchDaemon::start(global, "lag", args.idle_seconds)?;
+    let file = daemon.folder.join("lag.txt");
+    let timed = |appends: usize, tokens: usize, what: &str| -> Result<Vec<f64>> {
+        let mut lags = Vec::new();
+        for i in 0..appends {
+            let before = version_of(&daemon.streams()?, "lag.txt");
+            let text = piece(1000 + i, tokens);
+            let written = Instant::now();
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&file)?
+                .write_all(text.as_bytes())?;
+            let done = daemon.until(what, |rows| {
+                version_of(rows, "lag.txt") > before
+                    && rows
+                        .iter()
+                        .any(|r| r["stream"] == "lag.txt" && r["pending_bytes"] == 0)
+            })?;
+            let lag = done.duration_since(written).as_secs_f64();
+            say(format!("{what} {}: {lag:.2}s", i + 1));
+            lags.push(lag);
+        }
+        Ok(lags)
+    };
+    let chunk_lags = timed(args.chunk_appends, chunk_tokens, "chunk-sized append")?;
+    let line_lags = timed(args.line_appends, 12, "one-line append")?;
+    let p50 = |v: &[f64]| percentile(v, 0.5);
+    let report = serde_json::json!({
+        "model_chunk_tokens": chunk_tokens,
+        "throughput": runs,
+        "lag": {
+            "chunk_append_p50_seconds": p50(&chunk_lags),
+            "chunk_appends": chunk_lags,
+            "line_append_p50_seconds": p50(&line_lags),
+            "line_appends": line_lags,
+            "idle_seconds": args.idle_seconds,
+        },
+    });
+    if args.json {
+        return super::print_json(&report);
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "| watched streams | tokens read | steps | seconds | input tok/s |"
+    )?;
+    writeln!(out, "|---:|---:|---:|---:|---:|")?;
+    for r in &runs {
+        writeln!(
+            out,
+            "| {} | {} | {} | {:.1} | {:.1} |",
+            r["streams"],
+            r["tokens"],
+            r["steps"],
+            r["seconds"].as_f64().unwrap_or(0.0),
+            r["input_tokens_per_second"].as_f64().unwrap_or(0.0)
+        )?;
+    }
+    writeln!(
+        out,
+        "\nlag, append -> memory updated (1 stream, C={chunk_tokens}): chunk-sized appends \
+         p50 {:.2}s (n={}); one-line appends p50 {:.2}s (n={}, idle interval {}s)",
+        p50(&chunk_lags),
+        chunk_lags.len(),
+        p50(&line_lags),
+        line_lags.len(),
+        args.idle_seconds
+    )?;
+    Ok(())
+}
+
+/// The `p` quantile (0 to 1) of `values`, nearest rank; 0 when there are none.
+fn percentile(values: &[f64], p: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => 0.0,
+        n => sorted[((n - 1) as f64 * p).round() as usize],
+    }
 }

@@ -48,6 +48,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(BenchCommand::Engine(args)) => bench::engine(&cli.global, &args),
         Command::Bench(BenchCommand::Needle(args)) => bench::needle(&cli.global, &args),
         Command::Bench(BenchCommand::Store(args)) => bench::store(&cli.global, &args),
+        Command::Bench(BenchCommand::Daemon(args)) => bench::daemon(&cli.global, &args),
     }
 }
 

@@ -24,7 +24,9 @@ fn ask_with_env(args: &[&str], input: &str, env: &[(&str, &str)]) -> Output {
         .env_remove("MEMAGENT_MODEL")
         .env_remove("MEMAGENT_BACKEND")
         .env_remove("OPENAI_API_KEY")
-        .env("MEMAGENT_CONFIG", "/nonexistent/memagent-test-config.toml")
+        .env_remove("MEMAGENT_CONFIG")
+        // No configuration file: the default location is empty.
+        .env("XDG_CONFIG_HOME", "/nonexistent/memagent-test-config")
         .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

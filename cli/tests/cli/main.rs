@@ -19,7 +19,9 @@ fn memctl(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_memctl"))
         .args(args)
         .env_remove("MEMAGENT_MODEL")
-        .env("MEMAGENT_CONFIG", "/nonexistent/memagent-test-config.toml")
+        .env_remove("MEMAGENT_CONFIG")
+        // No configuration file: the default location is empty.
+        .env("XDG_CONFIG_HOME", "/nonexistent/memagent-test-config")
         .output()
         .expect("run memctl")
 }

@@ -127,3 +127,44 @@ fn invalid_watch_entries_name_the_key() {
         );
     }
 }
+
+#[test]
+fn daemon_backend_and_profile_keys_are_validated_by_name() {
+    let dir = std::env::temp_dir().join(format!("memctl-config-keys-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("config.toml");
+    for (text, key) in [
+        ("[daemon]\nlisten = \"8765\"\n", "daemon.token"),
+        (
+            "[daemon]\nlisten = \"not an address\"\ntoken = \"t\"\n",
+            "daemon.listen",
+        ),
+        ("[daemon]\nidle_seconds = 0\n", "daemon.idle_seconds"),
+        ("[profile]\nchunk_tokens = 0\n", "profile.chunk_tokens"),
+        ("[backend]\nkind = \"cloud\"\n", "kind"),
+        ("[daemon]\nidle = 5\n", "unknown field `idle`"),
+    ] {
+        std::fs::write(&config, text).unwrap();
+        let o = watch(&config, &["list"]);
+        assert!(!o.status.success(), "{text} was accepted");
+        assert!(
+            stderr(&o).contains(key) && stderr(&o).contains("config.toml"),
+            "{text}: {}",
+            stderr(&o)
+        );
+    }
+    // The backend named in the file is used: an openai backend without a base URL says
+    // which key to set.
+    std::fs::write(&config, "[backend]\nkind = \"openai\"\n").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_memctl"))
+        .arg("--config")
+        .arg(&config)
+        .args(["ask", "--file", "/dev/null", "why?"])
+        .env_remove("MEMAGENT_BACKEND")
+        .env_remove("MEMAGENT_BASE_URL")
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--base-url"), "{}", stderr(&o));
+}

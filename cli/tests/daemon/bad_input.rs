@@ -22,7 +22,11 @@ fn bad_inputs_are_logged_and_the_daemon_keeps_running() {
         &dir.join("talk.jsonl"),
         "{\"role\":\"user\",\"content\":\"first\"}\n{\"role\": oops}\n{\"role\":\"user\",\"content\":\"third\"}\n",
     );
-    let config = format!("[[watch]]\npath = \"{}\"\n", dir.display());
+    // Also the TCP listener, on a free loopback port, with its token.
+    let config = format!(
+        "[daemon]\nlisten = \"127.0.0.1:0\"\ntoken = \"sesame-42\"\n\n[[watch]]\npath = \"{}\"\n",
+        dir.display()
+    );
     let mut daemon = Daemon::start(&root, &config, &["--idle-seconds", "1"]);
 
     // Files that appear and vanish at once, some while being read.
@@ -87,5 +91,34 @@ fn bad_inputs_are_logged_and_the_daemon_keeps_running() {
     append(&locked, "now readable\n");
     daemon.wait_caught_up("locked.txt", 21, Duration::from_secs(120));
     assert!(!log.contains("panicked"), "{log}");
+
+    // TCP: the bearer token is required.
+    let addr = log
+        .lines()
+        .find_map(|l| l.split("API on http://").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("the TCP address in the log")
+        .to_string();
+    assert!(addr.starts_with("127.0.0.1:"), "{addr}");
+    let get = |token: Option<&str>| {
+        use std::io::{Read, Write};
+        let mut tcp = std::net::TcpStream::connect(&addr).unwrap();
+        let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+        write!(
+            tcp,
+            "GET /v1/streams HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut response = String::new();
+        tcp.read_to_string(&mut response).unwrap();
+        response
+    };
+    assert!(get(None).starts_with("HTTP/1.1 401"), "{}", get(None));
+    assert!(get(Some("sesame-41")).starts_with("HTTP/1.1 401"));
+    let ok = get(Some("sesame-42"));
+    assert!(
+        ok.starts_with("HTTP/1.1 200") && ok.contains("good.txt"),
+        "{ok}"
+    );
     assert!(daemon.stop().success(), "{}", daemon.log_text());
 }

@@ -35,7 +35,9 @@ pub fn memctl(dir: &std::path::Path, args: &[&str]) -> Command {
         .args(args)
         .env_remove("MEMAGENT_MODEL")
         .env_remove("MEMAGENT_DATA_DIR")
-        .env("MEMAGENT_CONFIG", "/nonexistent/memagent-test-config.toml");
+        .env_remove("MEMAGENT_CONFIG")
+        // No configuration file: the default location is empty.
+        .env("XDG_CONFIG_HOME", "/nonexistent/memagent-test-config");
     cmd
 }
 
