@@ -270,7 +270,7 @@ fn seconds_per_k(results: &[&NeedleResult]) -> String {
 }
 
 /// The haystack of `--haystack`, else the shared essays, else RULER's noise.
-fn haystack(dir: Option<&Path>) -> Result<Haystack> {
+pub(super) fn haystack(dir: Option<&Path>) -> Result<Haystack> {
     Ok(match dir {
         Some(dir) => Haystack::from_dir(dir)?,
         None => match default_haystack() {
@@ -558,26 +558,42 @@ pub fn daemon(global: &GlobalArgs, args: &BenchDaemonArgs) -> Result<()> {
         let rows = daemon.streams()?;
         let tokens: u64 = rows.iter().filter_map(|r| r["tokens_read"].as_u64()).sum();
         let steps: u64 = rows.iter().filter_map(|r| r["steps"].as_u64()).sum();
+        // Seconds the model itself spent on the steps, from each stream's throughput.
+        let model_seconds: f64 = rows
+            .iter()
+            .filter_map(|r| Some(r["tokens_read"].as_f64()? / r["tokens_per_second"].as_f64()?))
+            .sum();
         let row = serde_json::json!({
             "streams": streams,
             "tokens": tokens,
             "steps": steps,
             "seconds": seconds,
             "input_tokens_per_second": tokens as f64 / seconds,
+            "model_seconds": model_seconds,
+            "model_tokens_per_second": tokens as f64 / model_seconds.max(1e-9),
         });
         say(format!(
-            "{streams} streams: {tokens} tokens in {steps} steps, {seconds:.1}s, {:.1} input tok/s",
-            tokens as f64 / seconds
+            "{streams} streams: {tokens} tokens in {steps} steps, {seconds:.1}s, {:.1} input tok/s \
+             ({:.1} tok/s of model time)",
+            tokens as f64 / seconds,
+            tokens as f64 / model_seconds.max(1e-9)
         ));
         runs.push(row);
     }
 
-    // Lag: from writing an append to the memory version that read it.
+    // Lag: from writing an append to the first memory version that read it. A
+    // chunk-sized append (a little over C tokens) is read at once; a one-line append
+    // waits for the idle interval.
     let daemon = BenchDaemon::start(global, "lag", args.idle_seconds)?;
     let file = daemon.folder.join("lag.txt");
     let timed = |appends: usize, tokens: usize, what: &str| -> Result<Vec<f64>> {
         let mut lags = Vec::new();
         for i in 0..appends {
+            // Start from a stream with nothing pending.
+            daemon.until("the stream to catch up", |rows| {
+                rows.iter()
+                    .all(|r| r["stream"] != "lag.txt" || r["pending_bytes"] == 0)
+            })?;
             let before = version_of(&daemon.streams()?, "lag.txt");
             let text = piece(1000 + i, tokens);
             let written = Instant::now();
@@ -586,19 +602,18 @@ pub fn daemon(global: &GlobalArgs, args: &BenchDaemonArgs) -> Result<()> {
                 .append(true)
                 .open(&file)?
                 .write_all(text.as_bytes())?;
-            let done = daemon.until(what, |rows| {
-                version_of(rows, "lag.txt") > before
-                    && rows
-                        .iter()
-                        .any(|r| r["stream"] == "lag.txt" && r["pending_bytes"] == 0)
-            })?;
+            let done = daemon.until(what, |rows| version_of(rows, "lag.txt") > before)?;
             let lag = done.duration_since(written).as_secs_f64();
             say(format!("{what} {}: {lag:.2}s", i + 1));
             lags.push(lag);
         }
         Ok(lags)
     };
-    let chunk_lags = timed(args.chunk_appends, chunk_tokens, "chunk-sized append")?;
+    let chunk_lags = timed(
+        args.chunk_appends,
+        chunk_tokens * 5 / 4,
+        "chunk-sized append",
+    )?;
     let line_lags = timed(args.line_appends, 12, "one-line append")?;
     let p50 = |v: &[f64]| percentile(v, 0.5);
     let report = serde_json::json!({
@@ -635,7 +650,8 @@ pub fn daemon(global: &GlobalArgs, args: &BenchDaemonArgs) -> Result<()> {
     writeln!(
         out,
         "\nlag, append -> memory updated (1 stream, C={chunk_tokens}): chunk-sized appends \
-         p50 {:.2}s (n={}); one-line appends p50 {:.2}s (n={}, idle interval {}s)",
+         ({} tokens) p50 {:.2}s (n={}); one-line appends p50 {:.2}s (n={}, idle interval {}s)",
+        chunk_tokens * 5 / 4,
         p50(&chunk_lags),
         chunk_lags.len(),
         p50(&line_lags),
