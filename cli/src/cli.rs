@@ -450,6 +450,58 @@ pub enum BenchCommand {
     /// to the memory updated, and input tokens per second with 1, 4 and 16 watched
     /// streams
     Daemon(BenchDaemonArgs),
+    /// RULER-style tasks against length, the memory loop vs the whole document in one
+    /// prompt: accuracy and seconds per 1K tokens, with a results JSON, a Markdown report
+    /// and plots. Resumable: results are saved as each sample finishes
+    #[command(
+        after_help = "Tasks: niah_single, niah_single_word, niah_single_uuid, niah_multikey, \
+        niah_multivalue, niah_multiquery, vt, cwe, fwe, qa (needs --qa FILE).\n\n\
+        Example:\n  memctl bench ruler --tasks niah_single,niah_multikey,vt --samples 5 --out ruler-run"
+    )]
+    Ruler(Box<BenchRulerArgs>),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchRulerArgs {
+    /// Tasks to run (comma-separated)
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "niah_single,niah_multikey,vt"
+    )]
+    pub tasks: Vec<String>,
+    /// Document lengths in model tokens (any list; millions work, at linear cost)
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "2048,4096,8192,16384,32768"
+    )]
+    pub lengths: Vec<usize>,
+    /// Samples per task and length
+    #[arg(long, default_value_t = 5)]
+    pub samples: usize,
+    /// Seed of the first sample (sample i uses this + i, the same at every length)
+    #[arg(long, default_value_t = 1)]
+    pub task_seed: u64,
+    /// Modes: `memory` (the loop) and/or `direct` (one prompt; n/a where it does not fit)
+    #[arg(long, value_delimiter = ',', default_value = "memory,direct")]
+    pub modes: Vec<String>,
+    /// Folder of .txt files for filler [default: ../shared/data/haystack/paul-graham-essays
+    /// when it exists, else RULER's noise]
+    #[arg(long, value_name = "DIR")]
+    pub haystack: Option<PathBuf>,
+    /// QA items for the `qa` task: JSON Lines of {question, answers, gold, distractors}
+    #[arg(long, value_name = "FILE")]
+    pub qa: Option<PathBuf>,
+    /// Folder for results.jsonl (appended as samples finish), results.json, report.md,
+    /// accuracy.svg and seconds.svg
+    #[arg(long, value_name = "DIR", default_value = "ruler-results")]
+    pub out: PathBuf,
+    /// Forget saved results and start over
+    #[arg(long)]
+    pub fresh: bool,
+    #[command(flatten)]
+    pub run: LoopArgs,
 }
 
 #[derive(Debug, Args)]

@@ -7,6 +7,7 @@ mod daemon;
 mod db;
 mod generate;
 mod model;
+mod ruler;
 mod streams;
 mod tokenize;
 mod watch;
@@ -49,6 +50,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(BenchCommand::Needle(args)) => bench::needle(&cli.global, &args),
         Command::Bench(BenchCommand::Store(args)) => bench::store(&cli.global, &args),
         Command::Bench(BenchCommand::Daemon(args)) => bench::daemon(&cli.global, &args),
+        Command::Bench(BenchCommand::Ruler(args)) => ruler::run(&cli.global, &args),
     }
 }
 

@@ -1,6 +1,7 @@
 //! `memctl` run as a real process on the real default model.
 
 mod ask;
+mod ruler;
 mod watch;
 
 use std::path::PathBuf;

@@ -93,38 +93,14 @@ pub fn single_needle(
     let value = rng.random_range(1_000_000u32..10_000_000).to_string();
     let start = rng.random_range(0..haystack.word_count());
     let needle = format!("The special magic number for {key} is {value}.");
-    let needle_tokens = tokenizer.encode(&format!(" {needle}"))?.len();
-    let filler = haystack.take(tokenizer, start, tokens.saturating_sub(needle_tokens))?;
-    let filler_tokens: usize = filler.iter().map(|(_, n)| n).sum();
-    let target = (filler_tokens as f64 * depth).round() as usize;
-    // The first word boundary at or past the target, then on to a sentence end.
-    let mut at = 0;
-    let mut before = 0;
-    while at < filler.len() && before < target {
-        before += filler[at].1;
-        at += 1;
-    }
-    let limit = (at + 64).min(filler.len());
-    while at > 0 && at < limit && !filler[at - 1].0.ends_with(['.', '!', '?']) {
-        before += filler[at].1;
-        at += 1;
-    }
-    let mut document = String::new();
-    for (word, _) in &filler[..at] {
-        if !document.is_empty() {
-            document.push(' ');
-        }
-        document.push_str(word);
-    }
-    if !document.is_empty() {
-        document.push(' ');
-    }
-    let needle_byte = document.len();
-    document.push_str(&needle);
-    for (word, _) in &filler[at..] {
-        document.push(' ');
-        document.push_str(word);
-    }
+    let (document, placed) = super::ruler::compose(
+        haystack,
+        tokenizer,
+        tokens,
+        start,
+        &[(depth, needle.clone())],
+    )?;
+    let (needle_byte, before) = (placed[0].byte, placed[0].token);
     let tokens = tokenizer.encode(&document)?.len();
     Ok(NeedleSample {
         seed,

@@ -5,6 +5,7 @@ mod errors;
 mod needle;
 mod protocol;
 mod remote;
+mod ruler;
 #[allow(dead_code)]
 #[path = "../model/support.rs"]
 mod support;

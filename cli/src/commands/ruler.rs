@@ -1,0 +1,527 @@
+//! `memctl bench ruler`: RULER-style tasks against length, the memory loop against the
+//! whole document in one prompt, saved sample by sample, with a report and plots.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::io::{BufRead, Write};
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context, Result};
+use memagent_engine::agent::MemoryAgent;
+use memagent_engine::eval::{generate, score, QaItem, RulerSample, Sources, Task};
+use serde::{Deserialize, Serialize};
+
+use crate::cli::{BenchRulerArgs, GlobalArgs};
+
+/// One sample's result, as saved in `results.jsonl`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Record {
+    pub task: Task,
+    pub length: usize,
+    pub seed: u64,
+    pub mode: String,
+    pub model: String,
+    pub chunk_tokens: usize,
+    pub memory_tokens: usize,
+    /// Tokens of the generated document.
+    pub tokens: usize,
+    pub question: String,
+    pub expected: Vec<String>,
+    /// The extracted answer; none where the mode could not run (direct past the context).
+    pub answer: Option<String>,
+    pub score: Option<f64>,
+    pub f1: Option<f64>,
+    pub exact: Option<f64>,
+    /// Where the inserted sentences landed (token fraction).
+    pub depths: Vec<f64>,
+    pub steps: usize,
+    pub seconds: f64,
+}
+
+impl Record {
+    fn key(&self) -> (Task, usize, u64, String, String, usize, usize) {
+        (
+            self.task,
+            self.length,
+            self.seed,
+            self.mode.clone(),
+            self.model.clone(),
+            self.chunk_tokens,
+            self.memory_tokens,
+        )
+    }
+}
+
+/// Results saved so far (a torn last line, from a run killed mid-write, is skipped).
+fn load(path: &Path) -> Result<Vec<Record>> {
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let mut out = Vec::new();
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str(&line) {
+            Ok(r) => out.push(r),
+            Err(e) => tracing::warn!("{}:{}: skipped ({e})", path.display(), i + 1),
+        }
+    }
+    Ok(out)
+}
+
+fn read_qa(path: &Path) -> Result<Vec<QaItem>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l).with_context(|| {
+                format!(
+                    "{}:{}: not a QA item ({{\"question\", \"answers\", \"gold\", \"distractors\"}})",
+                    path.display(),
+                    i + 1
+                )
+            })
+        })
+        .collect()
+}
+
+pub fn run(global: &GlobalArgs, args: &BenchRulerArgs) -> Result<()> {
+    let tasks: Vec<Task> = args
+        .tasks
+        .iter()
+        .map(|t| t.parse::<Task>())
+        .collect::<Result<_, _>>()?;
+    for mode in &args.modes {
+        if mode != "memory" && mode != "direct" {
+            bail!("unknown mode `{mode}` in --modes; expected memory and/or direct");
+        }
+    }
+    if args.samples == 0 || args.lengths.is_empty() || tasks.is_empty() {
+        bail!("nothing to run: --tasks, --lengths and --samples must be non-empty");
+    }
+    let qa = match &args.qa {
+        Some(path) => read_qa(path)?,
+        None if tasks.contains(&Task::Qa) => {
+            bail!(
+                "the qa task needs --qa FILE (JSON Lines of question, answers, gold, distractors)"
+            )
+        }
+        None => Vec::new(),
+    };
+    let haystack = super::bench::haystack(args.haystack.as_deref())?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let saved_path = args.out.join("results.jsonl");
+    if args.fresh {
+        let _ = std::fs::remove_file(&saved_path);
+    }
+    let mut records = load(&saved_path)?;
+    let done: HashSet<_> = records.iter().map(Record::key).collect();
+    let mut saved = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&saved_path)
+        .with_context(|| format!("cannot write {}", saved_path.display()))?;
+
+    let backend = super::ModelBackend::open(global, &args.run.backend)?;
+    let (model, _) = backend.identity()?;
+    let profile = backend.profile(&args.run.profile);
+    let total = tasks.len() * args.lengths.len() * args.samples * args.modes.len();
+    let mut skipped = 0;
+    let mut ran = 0;
+    let started = Instant::now();
+    backend.with_agent(&args.run, |agent| {
+        let sources = Sources {
+            haystack: &haystack,
+            tokenizer: agent.tokenizer(),
+            qa: &qa,
+        };
+        for &length in &args.lengths {
+            for &task in &tasks {
+                for i in 0..args.samples {
+                    let seed = args.task_seed + i as u64;
+                    let mut sample: Option<RulerSample> = None;
+                    for mode in &args.modes {
+                        let blank = Record {
+                            task,
+                            length,
+                            seed,
+                            mode: mode.clone(),
+                            model: model.clone(),
+                            chunk_tokens: profile.chunk_tokens,
+                            memory_tokens: profile.memory_tokens,
+                            tokens: 0,
+                            question: String::new(),
+                            expected: Vec::new(),
+                            answer: None,
+                            score: None,
+                            f1: None,
+                            exact: None,
+                            depths: Vec::new(),
+                            steps: 0,
+                            seconds: 0.0,
+                        };
+                        if done.contains(&blank.key()) {
+                            skipped += 1;
+                            continue;
+                        }
+                        let sample = match &sample {
+                            Some(s) => s,
+                            None => sample.insert(generate(&sources, task, length, seed)?),
+                        };
+                        let record = run_one(agent, sample, blank)?;
+                        ran += 1;
+                        let elapsed = started.elapsed().as_secs_f64();
+                        eprintln!(
+                            "[{}/{total}] {task} {length} seed {seed} {mode}: {} ({:.1}s; {:.0}s so far)",
+                            skipped + ran,
+                            record.score.map_or("n/a".to_string(), |s| format!("{:.0}%", s * 100.0)),
+                            record.seconds,
+                            elapsed
+                        );
+                        serde_json::to_writer(&mut saved, &record)?;
+                        writeln!(saved)?;
+                        saved.flush()?;
+                        records.push(record);
+                    }
+                }
+            }
+        }
+        Ok(())
+    })?;
+    if skipped > 0 {
+        eprintln!("{skipped} samples were done already (results.jsonl); --fresh starts over");
+    }
+    // The report covers this run's tasks, lengths, modes and profile.
+    let wanted: BTreeSet<_> = tasks.iter().copied().collect();
+    let report: Vec<Record> = records
+        .into_iter()
+        .filter(|r| {
+            wanted.contains(&r.task)
+                && args.lengths.contains(&r.length)
+                && args.modes.contains(&r.mode)
+                && r.seed >= args.task_seed
+                && r.seed < args.task_seed + args.samples as u64
+                && r.model == model
+                && r.chunk_tokens == profile.chunk_tokens
+                && r.memory_tokens == profile.memory_tokens
+        })
+        .collect();
+    write_report(&args.out, &report, &model, &profile, haystack.source())?;
+    println!(
+        "{ran} samples run, {skipped} resumed; report in {}",
+        args.out.join("report.md").display()
+    );
+    print!("{}", std::fs::read_to_string(args.out.join("report.md"))?);
+    Ok(())
+}
+
+fn run_one(agent: &MemoryAgent<'_>, sample: &RulerSample, mut record: Record) -> Result<Record> {
+    let started = Instant::now();
+    record.tokens = sample.tokens;
+    record.question = sample.question.clone();
+    record.expected = sample.expected.clone();
+    record.depths = sample.inserts.iter().map(|i| i.depth).collect();
+    let answer = if record.mode == "memory" {
+        let run = agent.run(&sample.document, &sample.question, &mut |_| {})?;
+        record.steps = run.steps.len();
+        Some(run.final_answer.answer)
+    } else {
+        match agent.direct(&sample.document, &sample.question) {
+            Ok(report) => Some(report.answer),
+            Err(memagent_engine::Error::Budget(reason)) => {
+                tracing::debug!("direct n/a: {reason}");
+                None
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    if let Some(answer) = &answer {
+        let s = score(sample.task, answer, &sample.expected);
+        record.score = Some(s.score);
+        record.f1 = s.f1;
+        record.exact = s.exact;
+    }
+    record.answer = answer;
+    record.seconds = started.elapsed().as_secs_f64();
+    Ok(record)
+}
+
+fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
+    let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
+    (n > 0).then(|| sum / n as f64)
+}
+
+/// Least squares y = a + b·x with its R².
+fn linear_fit(points: &[(f64, f64)]) -> Option<(f64, f64, f64)> {
+    if points.len() < 2 {
+        return None;
+    }
+    let n = points.len() as f64;
+    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    if sxx == 0.0 {
+        return None;
+    }
+    let b = sxy / sxx;
+    let a = my - b * mx;
+    let ss_tot: f64 = points.iter().map(|p| (p.1 - my).powi(2)).sum();
+    let ss_res: f64 = points.iter().map(|p| (p.1 - a - b * p.0).powi(2)).sum();
+    let r2 = if ss_tot == 0.0 {
+        1.0
+    } else {
+        1.0 - ss_res / ss_tot
+    };
+    Some((a, b, r2))
+}
+
+fn write_report(
+    out: &Path,
+    records: &[Record],
+    model: &str,
+    profile: &memagent_engine::agent::Profile,
+    haystack: &str,
+) -> Result<()> {
+    std::fs::write(
+        out.join("results.json"),
+        serde_json::to_string_pretty(&serde_json::json!({
+            "model": model,
+            "profile": profile,
+            "haystack": haystack,
+            "results": records,
+        }))?,
+    )?;
+    let lengths: BTreeSet<usize> = records.iter().map(|r| r.length).collect();
+    let tasks: BTreeSet<Task> = records.iter().map(|r| r.task).collect();
+    let modes: BTreeSet<&str> = records.iter().map(|r| r.mode.as_str()).collect();
+    let cell = |rs: Vec<&Record>| -> String {
+        let scored: Vec<f64> = rs.iter().filter_map(|r| r.score).collect();
+        match mean(scored.iter().copied()) {
+            Some(m) => format!("{:.0}% ({})", m * 100.0, scored.len()),
+            None if rs.is_empty() => "-".into(),
+            None => "n/a".into(),
+        }
+    };
+    let mut md = String::new();
+    md.push_str(&format!(
+        "# RULER-style evaluation\n\nmodel: {model}; profile C={} M={} answer={}; haystack: {haystack}\n\n\
+         Scores: needles, variable tracking and word extraction by the recall of every \
+         expected value; QA by sub_em. \"n/a\": the mode cannot run at that length (direct \
+         past the model's context).\n\n",
+        profile.chunk_tokens, profile.memory_tokens, profile.answer_tokens
+    ));
+    let header: String = lengths.iter().map(|l| format!(" {l} |")).collect();
+    let rule: String = lengths.iter().map(|_| "---:|").collect();
+    md.push_str(&format!("| task | mode |{header}\n|---|---|{rule}\n"));
+    for task in &tasks {
+        for mode in &modes {
+            let row: String = lengths
+                .iter()
+                .map(|l| {
+                    let rs = records
+                        .iter()
+                        .filter(|r| r.task == *task && r.mode == *mode && r.length == *l)
+                        .collect();
+                    format!(" {} |", cell(rs))
+                })
+                .collect();
+            md.push_str(&format!("| {task} | {mode} |{row}\n"));
+        }
+    }
+    for mode in &modes {
+        let row: String = lengths
+            .iter()
+            .map(|l| {
+                let rs: Vec<&Record> = records
+                    .iter()
+                    .filter(|r| r.mode == *mode && r.length == *l && r.score.is_some())
+                    .collect();
+                match mean(
+                    rs.iter()
+                        .map(|r| r.seconds / (r.tokens.max(1) as f64 / 1000.0)),
+                ) {
+                    Some(s) => format!(" {s:.2} |"),
+                    None => " n/a |".into(),
+                }
+            })
+            .collect();
+        md.push_str(&format!("| s / 1K tokens | {mode} |{row}\n"));
+    }
+    let mut fits = Vec::new();
+    for mode in &modes {
+        let points: Vec<(f64, f64)> = records
+            .iter()
+            .filter(|r| r.mode == *mode && r.score.is_some())
+            .map(|r| (r.tokens as f64, r.seconds))
+            .collect();
+        if let Some((a, b, r2)) = linear_fit(&points) {
+            md.push_str(&format!(
+                "\n{mode}: seconds = {a:.2} + {:.3} × (1K tokens), R² = {r2:.4} over {} samples",
+                b * 1000.0,
+                points.len()
+            ));
+            fits.push((mode.to_string(), points, (a, b, r2)));
+        }
+    }
+    md.push_str("\n\nPlots: accuracy.svg (accuracy against length), seconds.svg (seconds against length, with the linear fit).\n");
+    std::fs::write(out.join("report.md"), md)?;
+    plot_accuracy(&out.join("accuracy.svg"), records, &lengths, &tasks, &modes)?;
+    plot_seconds(&out.join("seconds.svg"), &fits)?;
+    Ok(())
+}
+
+fn plot_accuracy(
+    path: &Path,
+    records: &[Record],
+    lengths: &BTreeSet<usize>,
+    tasks: &BTreeSet<Task>,
+    modes: &BTreeSet<&str>,
+) -> Result<()> {
+    use plotters::prelude::*;
+    let fail = |e: &dyn std::fmt::Display| anyhow!("cannot draw {}: {e}", path.display());
+    let (lo, hi) = (
+        *lengths.first().unwrap_or(&1) as f64,
+        *lengths.last().unwrap_or(&2) as f64,
+    );
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| fail(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("Accuracy against document length", ("sans-serif", 22))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(56)
+        .build_cartesian_2d((lo * 0.8..hi * 1.25).log_scale(), 0f64..105f64)
+        .map_err(|e| fail(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("document length (tokens)")
+        .y_desc("accuracy (%)")
+        .x_label_formatter(&|x| format!("{}K", (*x / 1024.0).round()))
+        .draw()
+        .map_err(|e| fail(&e))?;
+    let mut series: BTreeMap<(String, String), Vec<(f64, f64)>> = BTreeMap::new();
+    for task in tasks {
+        for mode in modes {
+            for &l in lengths {
+                let scores = records
+                    .iter()
+                    .filter(|r| r.task == *task && r.mode == *mode && r.length == l)
+                    .filter_map(|r| r.score);
+                if let Some(m) = mean(scores) {
+                    series
+                        .entry((task.to_string(), mode.to_string()))
+                        .or_default()
+                        .push((l as f64, m * 100.0));
+                }
+            }
+        }
+    }
+    for (i, ((task, mode), points)) in series.into_iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let style = if mode == "memory" {
+            color.stroke_width(3)
+        } else {
+            color.stroke_width(1)
+        };
+        chart
+            .draw_series(LineSeries::new(points.clone(), style))
+            .map_err(|e| fail(&e))?
+            .label(format!("{task} ({mode})"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+        chart
+            .draw_series(
+                points
+                    .into_iter()
+                    .map(|p| Circle::new(p, 4, color.filled())),
+            )
+            .map_err(|e| fail(&e))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| fail(&e))?;
+    root.present().map_err(|e| fail(&e))?;
+    Ok(())
+}
+
+type Fit = (String, Vec<(f64, f64)>, (f64, f64, f64));
+
+fn plot_seconds(path: &Path, fits: &[Fit]) -> Result<()> {
+    use plotters::prelude::*;
+    let fail = |e: &dyn std::fmt::Display| anyhow!("cannot draw {}: {e}", path.display());
+    let max_x = fits
+        .iter()
+        .flat_map(|f| f.1.iter().map(|p| p.0))
+        .fold(1.0, f64::max);
+    let max_y = fits
+        .iter()
+        .flat_map(|f| f.1.iter().map(|p| p.1))
+        .fold(1.0, f64::max);
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| fail(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("Seconds against document length", ("sans-serif", 22))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0f64..max_x * 1.05, 0f64..max_y * 1.1)
+        .map_err(|e| fail(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("document length (tokens)")
+        .y_desc("seconds per sample")
+        .draw()
+        .map_err(|e| fail(&e))?;
+    for (i, (mode, points, (a, b, r2))) in fits.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(points.iter().map(|p| Circle::new(*p, 3, color.filled())))
+            .map_err(|e| fail(&e))?;
+        let x1 = points.iter().map(|p| p.0).fold(0.0, f64::max);
+        chart
+            .draw_series(LineSeries::new(
+                [(0.0, *a), (x1, a + b * x1)],
+                color.stroke_width(2),
+            ))
+            .map_err(|e| fail(&e))?
+            .label(format!(
+                "{mode}: {a:.1} s + {:.2} s per 1K tokens (R² = {r2:.3})",
+                b * 1000.0
+            ))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| fail(&e))?;
+    root.present().map_err(|e| fail(&e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::linear_fit;
+
+    #[test]
+    fn linear_fit_of_a_line_and_of_noise() {
+        let (a, b, r2) = linear_fit(&[(0.0, 1.0), (1.0, 3.0), (2.0, 5.0)]).unwrap();
+        assert!((a - 1.0).abs() < 1e-9 && (b - 2.0).abs() < 1e-9 && (r2 - 1.0).abs() < 1e-9);
+        let (_, _, r2) = linear_fit(&[(0.0, 1.0), (1.0, 0.0), (2.0, 1.0), (3.0, 0.0)]).unwrap();
+        assert!(r2 < 0.3, "{r2}");
+        assert!(linear_fit(&[(1.0, 1.0)]).is_none());
+    }
+}
