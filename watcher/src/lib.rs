@@ -10,17 +10,27 @@
 //! are logged with the file and never stop the daemon. The crate never prints.
 //!
 //! ```no_run
-//! # fn demo(agent: &memagent_engine::agent::MemoryAgent<'_>) -> memagent_watcher::Result<()> {
+//! # fn demo() -> memagent_watcher::Result<()> {
 //! use std::sync::Arc;
-//! use memagent_watcher::{DaemonOptions, EngineHandle};
+//! use memagent_watcher::{DaemonInfo, DaemonOptions, EngineHandle};
 //!
 //! let store = Arc::new(memagent_store::Store::open("/tmp/memagent-data".as_ref())?);
 //! let (engine, requests) = EngineHandle::channel();
-//! // The thread that owns the model runs `serve_engine(agent, &store, …, requests)`.
-//! # let info = unimplemented!();
+//! // The thread that owns the model runs `serve_engine(&agent, &store, …, requests)`.
+//! # drop(requests);
+//! let info = DaemonInfo {
+//!     pid: std::process::id(),
+//!     version: "0.1.0".into(),
+//!     model: "SmolLM2-135M-Instruct".into(),
+//!     chunk_tokens: 1024,
+//!     memory_tokens: 256,
+//!     data_dir: "/tmp/memagent-data".into(),
+//!     idle_seconds: 30.0,
+//!     watches: 0,
+//! };
 //! memagent_watcher::run(store, engine, info, DaemonOptions::default())?;
 //! # Ok(()) }
-//! ```
+//! //! ```
 
 mod api;
 mod chat;
