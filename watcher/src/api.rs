@@ -23,8 +23,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use memagent_engine::agent::extract_answer;
-use memagent_store::{MemoryVersion, Store, GENERAL};
+use memagent_engine::agent::{extract_answer, AnswerReport};
+use memagent_store::{DeepAnswer, MemoryVersion, Store, GENERAL};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -280,18 +280,7 @@ async fn query(State(state): State<AppState>, Json(body): Json<QueryBody>) -> Ap
             .deep(&body.stream, &body.question)
             .await
             .map_err(engine_error)?;
-        return Ok(Json(json!({
-            "stream": body.stream,
-            "question": body.question,
-            "deep": true,
-            "chain": deep.chain,
-            "version": deep.version,
-            "chunks_read": deep.steps,
-            "answer": deep.answer.reply,
-            "extracted": deep.answer.answer,
-            "template": deep.answer.template,
-            "seconds": deep.answer.seconds,
-        })));
+        return Ok(Json(deep_json(&body.stream, &body.question, &deep)));
     }
     let memory = version_at(&state.store, &body.stream, body.at)?;
     let version = memory.version;
@@ -300,15 +289,42 @@ async fn query(State(state): State<AppState>, Json(body): Json<QueryBody>) -> Ap
         .answer(memory, &body.question)
         .await
         .map_err(engine_error)?;
-    Ok(Json(json!({
-        "stream": body.stream,
+    Ok(Json(answer_json(
+        &body.stream,
+        version,
+        &body.question,
+        &report,
+    )))
+}
+
+/// The answer to a question from memory version `version`, as the API and
+/// `memctl query --json` give it.
+pub fn answer_json(stream: &str, version: u64, question: &str, report: &AnswerReport) -> Value {
+    json!({
+        "stream": stream,
         "version": version,
-        "question": body.question,
+        "question": question,
         "answer": report.reply,
         "extracted": extract_answer(&report.reply),
         "template": report.template,
         "prompt_tokens": report.prompt_tokens,
         "completion_tokens": report.completion_tokens,
         "seconds": report.seconds,
-    })))
+    })
+}
+
+/// A deep query's answer, as the API and `memctl query --deep --json` give it.
+pub fn deep_json(stream: &str, question: &str, deep: &DeepAnswer) -> Value {
+    json!({
+        "stream": stream,
+        "question": question,
+        "deep": true,
+        "chain": deep.chain,
+        "version": deep.version,
+        "chunks_read": deep.steps,
+        "answer": deep.answer.reply,
+        "extracted": deep.answer.answer,
+        "template": deep.answer.template,
+        "seconds": deep.answer.seconds,
+    })
 }

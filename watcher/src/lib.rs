@@ -50,7 +50,7 @@ use std::time::Instant;
 use memagent_store::Store;
 use notify::{RecursiveMode, Watcher};
 
-pub use api::{stream_rows, DaemonInfo};
+pub use api::{answer_json, deep_json, stream_rows, DaemonInfo};
 pub use chat::{parse as parse_chat, Parsed};
 pub use config::{
     socket_path, validate_watches, DaemonOptions, TcpOptions, WatchConfig, WatchFormat,

@@ -3,7 +3,6 @@
 use std::io::{IsTerminal, Read, Write};
 
 use anyhow::{bail, Context, Result};
-use memagent_engine::agent::extract_answer;
 use memagent_store::{
     general_answer, Author, ExportRecord, Ingestor, MemoryVersion, Store, GENERAL,
 };
@@ -162,17 +161,12 @@ pub fn query(global: &GlobalArgs, args: &QueryArgs) -> Result<()> {
         Ok(general_answer(agent, &memory, &args.question)?)
     })?;
     if args.json {
-        return print_json(&json!({
-            "stream": args.stream,
-            "version": memory.version,
-            "question": args.question,
-            "answer": report.reply,
-            "extracted": extract_answer(&report.reply),
-            "template": report.template,
-            "prompt_tokens": report.prompt_tokens,
-            "completion_tokens": report.completion_tokens,
-            "seconds": report.seconds,
-        }));
+        return print_json(&memagent_watcher::answer_json(
+            &args.stream,
+            memory.version,
+            &args.question,
+            &report,
+        ));
     }
     writeln!(std::io::stdout().lock(), "{}", report.reply.trim())?;
     Ok(())
@@ -206,18 +200,11 @@ fn deep_query(global: &GlobalArgs, args: &QueryArgs, store: &Store) -> Result<()
         deep.version
     );
     if args.json {
-        return print_json(&json!({
-            "stream": args.stream,
-            "question": args.question,
-            "deep": true,
-            "chain": deep.chain,
-            "version": deep.version,
-            "chunks_read": deep.steps,
-            "answer": deep.answer.reply,
-            "extracted": deep.answer.answer,
-            "template": deep.answer.template,
-            "seconds": deep.answer.seconds,
-        }));
+        return print_json(&memagent_watcher::deep_json(
+            &args.stream,
+            &args.question,
+            &deep,
+        ));
     }
     writeln!(std::io::stdout().lock(), "{}", deep.answer.answer)?;
     Ok(())
