@@ -34,6 +34,22 @@ pub struct StepOutcome {
     pub version: MemoryVersion,
 }
 
+impl std::fmt::Display for StepOutcome {
+    /// `chunk 3 (1024 tokens) -> memory v4 (212 tokens) in 5.1s`, as logs say it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "chunk {} ({} tokens) -> memory v{} ({} tokens{}) in {:.1}s",
+            self.chunk.index,
+            self.chunk.tokens,
+            self.version.version,
+            self.version.tokens,
+            if self.version.cut { ", cut" } else { "" },
+            self.version.seconds
+        )
+    }
+}
+
 /// Drives the general memory of streams with one agent.
 pub struct Ingestor<'a> {
     store: &'a Store,

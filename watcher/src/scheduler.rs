@@ -72,15 +72,7 @@ impl Scheduler {
                 self.stats.lock().expect("stats").busy = None;
                 match outcome {
                     Ok(Step::Done(step)) => {
-                        tracing::info!(
-                            "{stream}: chunk {} ({} tokens) -> memory v{} ({} tokens{}) in {:.1}s",
-                            step.chunk.index,
-                            step.chunk.tokens,
-                            step.version.version,
-                            step.version.tokens,
-                            if step.version.cut { ", cut" } else { "" },
-                            step.version.seconds
-                        );
+                        tracing::info!("{stream}: {step}");
                         self.stats.lock().expect("stats").stepped(stream, &step);
                         last_served = Some(stream.clone());
                         served = true;

@@ -88,15 +88,7 @@ pub fn ingest(global: &GlobalArgs, args: &IngestArgs) -> Result<()> {
                     bar.set_position(step.chunk.end - start);
                     bar.set_message(format!("memory v{}", step.version.version));
                 }
-                tracing::info!(
-                    "chunk {} ({} tokens) -> memory v{} ({} tokens{}) in {:.1}s",
-                    step.chunk.index,
-                    step.chunk.tokens,
-                    step.version.version,
-                    step.version.tokens,
-                    if step.version.cut { ", cut" } else { "" },
-                    step.version.seconds
-                );
+                tracing::info!("{step}");
                 steps.push(step);
             }
             if let Some(bar) = bar {
