@@ -483,9 +483,18 @@ pub struct BenchRulerArgs {
     /// Seed of the first sample (sample i uses this + i, the same at every length)
     #[arg(long, default_value_t = 1)]
     pub task_seed: u64,
-    /// Modes: `memory` (the loop) and/or `direct` (one prompt; n/a where it does not fit)
+    /// Modes: `memory` (the loop, asked with the question), `direct` (one prompt; n/a
+    /// where it does not fit) and, with --stream, `general` (the question-free memory that
+    /// `memctl ingest` keeps, asked as `memctl query` asks)
     #[arg(long, value_delimiter = ',', default_value = "memory,direct")]
     pub modes: Vec<String>,
+    /// Read each sample through the store: its document becomes the stream
+    /// NAME/TASK/LENGTH/seedN/C…-M… of the database, read into its general memory as
+    /// `memctl ingest` reads; `memory` then asks with a question chain (as `memctl query
+    /// --deep`) and `general` from the general memory. Every step is committed, so a
+    /// stopped run resumes at the chunk it reached
+    #[arg(long, value_name = "NAME")]
+    pub stream: Option<String>,
     /// Folder of .txt files for filler [default: ../shared/data/haystack/paul-graham-essays
     /// when it exists, else RULER's noise]
     #[arg(long, value_name = "DIR")]

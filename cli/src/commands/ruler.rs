@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use memagent_engine::agent::MemoryAgent;
 use memagent_engine::eval::{generate, score, QaItem, RulerSample, Sources, Task};
+use memagent_store::{general_answer, Ingestor, Store, StreamRecord, GENERAL};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::{BenchRulerArgs, GlobalArgs};
@@ -35,11 +36,16 @@ pub struct Record {
     /// Where the inserted sentences landed (token fraction).
     pub depths: Vec<f64>,
     pub steps: usize,
+    /// Wall seconds; through the store, the steps' recorded seconds plus the answer's, so
+    /// a sample resumed after a stop counts every step once.
     pub seconds: f64,
+    /// The store stream the sample was read through (`--stream`).
+    #[serde(default)]
+    pub stream: Option<String>,
 }
 
 impl Record {
-    fn key(&self) -> (Task, usize, u64, String, String, usize, usize) {
+    fn key(&self) -> (Task, usize, u64, String, String, usize, usize, bool) {
         (
             self.task,
             self.length,
@@ -48,6 +54,7 @@ impl Record {
             self.model.clone(),
             self.chunk_tokens,
             self.memory_tokens,
+            self.stream.is_some(),
         )
     }
 }
@@ -98,8 +105,13 @@ pub fn run(global: &GlobalArgs, args: &BenchRulerArgs) -> Result<()> {
         .map(|t| t.parse::<Task>())
         .collect::<Result<_, _>>()?;
     for mode in &args.modes {
-        if mode != "memory" && mode != "direct" {
-            bail!("unknown mode `{mode}` in --modes; expected memory and/or direct");
+        match mode.as_str() {
+            "memory" | "direct" => {}
+            "general" if args.stream.is_none() => bail!(
+                "the general mode reads samples into a stream's general memory: give --stream NAME"
+            ),
+            "general" => {}
+            _ => bail!("unknown mode `{mode}` in --modes; expected memory, direct or general"),
         }
     }
     if args.samples == 0 || args.lengths.is_empty() || tasks.is_empty() {
@@ -129,14 +141,29 @@ pub fn run(global: &GlobalArgs, args: &BenchRulerArgs) -> Result<()> {
         .open(&saved_path)
         .with_context(|| format!("cannot write {}", saved_path.display()))?;
 
+    // The database is opened before the model: a daemon holding it is reported at once.
+    let store = match &args.stream {
+        Some(_) => Some(super::db::Db::open(global)?.local("bench ruler --stream")?),
+        None => None,
+    };
     let backend = super::ModelBackend::open(global, &args.run.backend)?;
-    let (model, _) = backend.identity()?;
+    let (model, model_sha256) = backend.identity()?;
     let profile = backend.profile(&args.run.profile);
     let total = tasks.len() * args.lengths.len() * args.samples * args.modes.len();
     let mut skipped = 0;
     let mut ran = 0;
     let started = Instant::now();
     backend.with_agent(&args.run, |agent| {
+        let stored = match (&store, &args.stream) {
+            (Some(store), Some(prefix)) => Some(Stored {
+                store,
+                ingestor: Ingestor::new(store, agent, model.clone(), model_sha256.clone()),
+                model: &model,
+                prefix,
+                fresh: args.fresh,
+            }),
+            _ => None,
+        };
         let sources = Sources {
             haystack: &haystack,
             tokenizer: agent.tokenizer(),
@@ -147,6 +174,8 @@ pub fn run(global: &GlobalArgs, args: &BenchRulerArgs) -> Result<()> {
                 for i in 0..args.samples {
                     let seed = args.task_seed + i as u64;
                     let mut sample: Option<RulerSample> = None;
+                    // The sample's stream, once its document is in the general memory.
+                    let mut stream: Option<String> = None;
                     for mode in &args.modes {
                         let blank = Record {
                             task,
@@ -166,6 +195,14 @@ pub fn run(global: &GlobalArgs, args: &BenchRulerArgs) -> Result<()> {
                             depths: Vec::new(),
                             steps: 0,
                             seconds: 0.0,
+                            stream: None,
+                        };
+                        let blank = Record {
+                            stream: match (&stored, mode.as_str()) {
+                                (Some(s), "memory" | "general") => Some(s.name(&blank)),
+                                _ => None,
+                            },
+                            ..blank
                         };
                         if done.contains(&blank.key()) {
                             skipped += 1;
@@ -175,7 +212,16 @@ pub fn run(global: &GlobalArgs, args: &BenchRulerArgs) -> Result<()> {
                             Some(s) => s,
                             None => sample.insert(generate(&sources, task, length, seed)?),
                         };
-                        let record = run_one(agent, sample, blank)?;
+                        let record = match (&stored, blank.stream.clone()) {
+                            (Some(stored), Some(name)) => {
+                                if stream.as_deref() != Some(name.as_str()) {
+                                    stored.ingest(&name, sample)?;
+                                    stream = Some(name);
+                                }
+                                stored.run(agent, sample, blank)?
+                            }
+                            _ => run_one(agent, sample, blank)?,
+                        };
                         ran += 1;
                         let elapsed = started.elapsed().as_secs_f64();
                         eprintln!(
@@ -211,6 +257,7 @@ pub fn run(global: &GlobalArgs, args: &BenchRulerArgs) -> Result<()> {
                 && r.model == model
                 && r.chunk_tokens == profile.chunk_tokens
                 && r.memory_tokens == profile.memory_tokens
+                && (r.mode == "direct" || r.stream.is_some() == args.stream.is_some())
         })
         .collect();
     write_report(&args.out, &report, &model, &profile, haystack.source())?;
@@ -224,10 +271,6 @@ pub fn run(global: &GlobalArgs, args: &BenchRulerArgs) -> Result<()> {
 
 fn run_one(agent: &MemoryAgent<'_>, sample: &RulerSample, mut record: Record) -> Result<Record> {
     let started = Instant::now();
-    record.tokens = sample.tokens;
-    record.question = sample.question.clone();
-    record.expected = sample.expected.clone();
-    record.depths = sample.inserts.iter().map(|i| i.depth).collect();
     let answer = if record.mode == "memory" {
         let run = agent.run(&sample.document, &sample.question, &mut |_| {})?;
         record.steps = run.steps.len();
@@ -242,6 +285,16 @@ fn run_one(agent: &MemoryAgent<'_>, sample: &RulerSample, mut record: Record) ->
             Err(e) => return Err(e.into()),
         }
     };
+    record.seconds = started.elapsed().as_secs_f64();
+    Ok(scored(sample, record, answer))
+}
+
+/// The sample's fields of the record, and the answer's score.
+fn scored(sample: &RulerSample, mut record: Record, answer: Option<String>) -> Record {
+    record.tokens = sample.tokens;
+    record.question = sample.question.clone();
+    record.expected = sample.expected.clone();
+    record.depths = sample.inserts.iter().map(|i| i.depth).collect();
     if let Some(answer) = &answer {
         let s = score(sample.task, answer, &sample.expected);
         record.score = Some(s.score);
@@ -249,8 +302,116 @@ fn run_one(agent: &MemoryAgent<'_>, sample: &RulerSample, mut record: Record) ->
         record.exact = s.exact;
     }
     record.answer = answer;
-    record.seconds = started.elapsed().as_secs_f64();
-    Ok(record)
+    record
+}
+
+/// Samples read through the store (`--stream`).
+struct Stored<'a> {
+    store: &'a Store,
+    ingestor: Ingestor<'a>,
+    model: &'a str,
+    prefix: &'a str,
+    fresh: bool,
+}
+
+impl Stored<'_> {
+    /// The sample's stream: one per task, length, seed and profile, shared by its modes.
+    fn name(&self, r: &Record) -> String {
+        format!(
+            "{}/{}/{}/seed{}/C{}-M{}",
+            self.prefix, r.task, r.length, r.seed, r.chunk_tokens, r.memory_tokens
+        )
+    }
+
+    /// Appends the sample's document to its stream and reads it into the general memory
+    /// step by committed step. A stream left by a stopped run with the same document and
+    /// model continues at its cursor; one holding anything else (or `--fresh`) starts over.
+    fn ingest(&self, name: &str, sample: &RulerSample) -> Result<()> {
+        if let Some(stream) = self.store.stream(name)? {
+            let reason = if self.fresh {
+                Some("--fresh")
+            } else if self.store.read_log(&stream, 0, stream.log_len)? != sample.document.as_bytes()
+            {
+                Some("it holds another document")
+            } else if self.other_model(&stream)? {
+                Some("another model wrote its memory")
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                eprintln!("stream `{name}` starts over ({reason})");
+                self.store.remove_stream(name)?;
+            }
+        }
+        let stream = match self.store.stream(name)? {
+            Some(stream) => stream,
+            None => {
+                self.store.append(name, sample.document.as_bytes(), None)?;
+                self.store.require(name)?
+            }
+        };
+        let cursor = self.store.cursor(&stream, GENERAL)?;
+        if cursor.next_chunk > 0 && cursor.offset < stream.log_len {
+            eprintln!(
+                "stream `{name}` resumes at chunk {} ({} of {} bytes read)",
+                cursor.next_chunk, cursor.offset, stream.log_len
+            );
+        }
+        while let Some(step) = self.ingestor.step(name)? {
+            tracing::info!("{name} general: {step}");
+        }
+        Ok(())
+    }
+
+    fn other_model(&self, stream: &StreamRecord) -> Result<bool> {
+        let mut chains = vec![GENERAL];
+        chains.extend(self.store.questions(stream)?.iter().map(|q| q.chain));
+        for chain in chains {
+            if self
+                .store
+                .versions(stream, chain)?
+                .iter()
+                .any(|v| v.model != self.model)
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// `memory`: the question chain over the stream's chunks (continuing where a stopped
+    /// run left it), answered with the MemAgent template; `general`: the general memory's
+    /// latest version, answered as `memctl query` answers.
+    fn run(
+        &self,
+        agent: &MemoryAgent<'_>,
+        sample: &RulerSample,
+        mut record: Record,
+    ) -> Result<Record> {
+        let name = record
+            .stream
+            .clone()
+            .expect("a stored record names its stream");
+        let (chain, report) = if record.mode == "memory" {
+            let deep = self
+                .ingestor
+                .deep(&name, &sample.question, &mut |step, _| {
+                    tracing::info!("{name} question: {step}");
+                })?;
+            (deep.chain, deep.answer)
+        } else {
+            let stream = self.store.require(&name)?;
+            let latest = self
+                .store
+                .latest(&stream, GENERAL)?
+                .ok_or_else(|| anyhow!("stream `{name}` has no general memory"))?;
+            (GENERAL, general_answer(agent, &latest, &sample.question)?)
+        };
+        let versions = self.store.versions(&self.store.require(&name)?, chain)?;
+        record.steps = versions.len();
+        record.seconds = versions.iter().map(|v| v.seconds).sum::<f64>() + report.seconds;
+        Ok(scored(sample, record, Some(report.answer)))
+    }
 }
 
 fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {

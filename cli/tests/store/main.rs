@@ -4,6 +4,7 @@
 mod commands;
 mod crash;
 mod general;
+mod ruler;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
