@@ -14,18 +14,21 @@
 //! # Ok::<(), memagent_engine::Error>(())
 //! ```
 
+mod adapter;
 pub mod agent;
 pub mod bench;
 mod chat;
 mod device;
 mod error;
-pub mod eval;
 mod gguf;
 mod model;
 mod models;
 mod sampling;
+#[doc(hidden)]
+pub mod testing;
 mod tokenizer;
 
+pub use adapter::{Adapter, AdapterManifest};
 pub use chat::{ChatTemplate, Message};
 pub use device::open_device;
 pub use error::{Error, Result};

@@ -9,19 +9,7 @@ use sha2::{Digest, Sha256};
 use crate::records::{Author, ChunkRecord, Cursor, MemoryVersion, StreamRecord, GENERAL};
 use crate::{now, Error, Result, Store};
 
-/// The general memory's update step: query-agnostic, keeps durable facts.
-pub const GENERAL_UPDATE: Template = Template {
-    id: "memagent-general-update",
-    version: 1,
-    text: include_str!("templates/general-update.txt"),
-};
-
-/// The general memory's answer step.
-pub const GENERAL_ANSWER: Template = Template {
-    id: "memagent-general-answer",
-    version: 1,
-    text: include_str!("templates/general-answer.txt"),
-};
+pub use memagent_engine::agent::{GENERAL_ANSWER, GENERAL_UPDATE};
 
 /// Tokens decoded past the chunk's end before a window that stops short of the log's end
 /// is trusted.

@@ -5,7 +5,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use memagent_engine::agent::MemoryAgent;
 use memagent_engine::bench::{bench_decode, bench_prefill, BenchResult};
-use memagent_engine::eval::{single_needle, Haystack, NeedleSample};
+use memagent_tasks::{single_needle, Haystack, NeedleSample};
 use serde::Serialize;
 
 use crate::cli::{BenchDaemonArgs, BenchEngineArgs, BenchNeedleArgs, BenchStoreArgs, GlobalArgs};

@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use memagent_engine::agent::MemoryAgent;
-use memagent_engine::eval::{generate, score, QaItem, RulerSample, Sources, Task};
 use memagent_store::{general_answer, Ingestor, Store, StreamRecord, GENERAL};
+use memagent_tasks::{generate, score, QaItem, RulerSample, Sources, Task};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::{BenchRulerArgs, GlobalArgs};

@@ -13,6 +13,21 @@ pub struct Template {
     pub text: &'static str,
 }
 
+/// The general memory's update step (memagent's own, not MemAgent's): query-agnostic,
+/// keeps durable facts.
+pub const GENERAL_UPDATE: Template = Template {
+    id: "memagent-general-update",
+    version: 1,
+    text: include_str!("templates/general-update.txt"),
+};
+
+/// The general memory's answer step.
+pub const GENERAL_ANSWER: Template = Template {
+    id: "memagent-general-answer",
+    version: 1,
+    text: include_str!("templates/general-answer.txt"),
+};
+
 /// The memory-update step of MemAgent: problem + previous memory + next chunk.
 pub const UPDATE: Template = Template {
     id: "memagent-update",

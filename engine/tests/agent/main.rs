@@ -2,10 +2,8 @@
 //! default model, the remote backend against a loopback server, and bad requests.
 
 mod errors;
-mod needle;
 mod protocol;
 mod remote;
-mod ruler;
 #[allow(dead_code)]
 #[path = "../model/support.rs"]
 mod support;

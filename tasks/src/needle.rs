@@ -6,8 +6,8 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use super::haystack::Haystack;
-use crate::agent::TextTokenizer;
 use crate::error::{Error, Result};
+use memagent_engine::agent::TextTokenizer;
 
 /// Keys of the needles.
 pub const CITIES: &[&str] = &[

@@ -2,7 +2,7 @@
 //! in memory and answered.
 
 use memagent_engine::agent::{chunk_text, MemoryAgent, Profile, Progress};
-use memagent_engine::eval::{single_needle, Haystack};
+use memagent_tasks::{single_needle, Haystack};
 
 use crate::support;
 
@@ -23,7 +23,11 @@ const CHUNK: usize = 256;
 #[test]
 fn needle_in_the_third_chunk_is_remembered_and_answered() {
     let model = support::model();
-    let haystack = Haystack::from_text(include_str!("../data/filler.txt"), "filler.txt").unwrap();
+    let haystack = Haystack::from_text(
+        include_str!("../../../engine/tests/data/filler.txt"),
+        "filler.txt",
+    )
+    .unwrap();
     let profile = Profile {
         chunk_tokens: CHUNK,
         memory_tokens: 256,

@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use super::haystack::Haystack;
 use super::needle::CITIES;
-use crate::agent::TextTokenizer;
 use crate::error::{Error, Result};
+use memagent_engine::agent::TextTokenizer;
 
 /// The task families.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -525,7 +525,7 @@ fn qa(
     let mut total: usize = chosen
         .iter()
         .map(|p| sources.tokenizer.encode(p).map(|t| t.len() + overhead))
-        .sum::<Result<usize>>()?;
+        .sum::<Result<usize, memagent_engine::Error>>()?;
     for p in pool {
         let n = sources.tokenizer.encode(p)?.len() + overhead;
         if total + n <= tokens {

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use crate::agent::TextTokenizer;
 use crate::error::{Error, Result};
+use memagent_engine::agent::TextTokenizer;
 
 /// RULER's noise haystack: these sentences, repeated.
 const NOISE: &str = "The grass is green. The sky is blue. The sun is yellow. Here we go. \

@@ -2,8 +2,8 @@
 //! where they say, lengths within 2% of what was asked.
 
 use memagent_engine::agent::TextTokenizer;
-use memagent_engine::eval::{generate, Haystack, QaItem, Sources, Task, ALL_TASKS};
 use memagent_engine::Tokenizer;
+use memagent_tasks::{generate, Haystack, QaItem, Sources, Task, ALL_TASKS};
 
 use crate::support;
 
@@ -29,7 +29,11 @@ fn qa_items() -> Vec<QaItem> {
 #[test]
 fn tasks_are_deterministic_placed_and_sized() {
     let tokenizer = Tokenizer::from_file(&support::model_path()).unwrap();
-    let haystack = Haystack::from_text(include_str!("../data/filler.txt"), "filler.txt").unwrap();
+    let haystack = Haystack::from_text(
+        include_str!("../../../engine/tests/data/filler.txt"),
+        "filler.txt",
+    )
+    .unwrap();
     let qa = qa_items();
     let sources = Sources {
         haystack: &haystack,

@@ -1,0 +1,1297 @@
+//! Training trajectories of the memory-agent workflow with oracle memories.
+//!
+//! The generator plants the facts, so the ideal memory after every chunk is known:
+//!
+//! - question mode (the published MemAgent update and final templates): facts relevant
+//!   to the problem enter the memory when their chunk is read and stay verbatim; facts
+//!   about other keys (distractors) never enter; a value that changes replaces the old
+//!   line; multi-hop chains keep both links; the final step answers in `\boxed{}`.
+//! - general mode (memagent's question-free templates): chats between a user and an
+//!   assistant, two people over dated sessions, and dated notes, with durable facts
+//!   (names, relations, preferences, dates, decisions, open tasks), updates that replace
+//!   older facts and small talk that never enters memory; the oracle memory is the
+//!   current facts, one per line.
+//!
+//! Every example is a pure function of (seed, split, index). The validation split has
+//! its own sentence patterns, keys, questions and one filler (generated field reports)
+//! that training never sees.
+
+use std::collections::BTreeSet;
+
+use memagent_engine::agent::{
+    Template, TextTokenizer, FINAL_BOXED, GENERAL_ANSWER, GENERAL_UPDATE, NO_MEMORY, UPDATE,
+};
+use rand::rngs::StdRng;
+use rand::seq::{IndexedRandom, SliceRandom};
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::haystack::Haystack;
+use crate::needle::CITIES;
+use crate::ruler::compose;
+
+/// Which patterns, keys and fillers a trajectory draws from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Split {
+    Train,
+    Validation,
+}
+
+/// The memory of a question-mode trajectory before anything relevant was read.
+pub const NOTHING_YET: &str = "No relevant information so far.";
+
+/// Sizes of generated trajectories.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct DataConfig {
+    pub seed: u64,
+    /// Chunk sizes are drawn from this range (tokens).
+    pub chunk_min: usize,
+    pub chunk_max: usize,
+    /// The memory cap M: oracle memories never exceed it.
+    pub memory_tokens: usize,
+    /// Share of general-mode trajectories (the rest are question mode).
+    pub general_share: f64,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self {
+            seed: 1,
+            chunk_min: 256,
+            chunk_max: 1024,
+            memory_tokens: 256,
+            general_share: 0.35,
+        }
+    }
+}
+
+/// The fillers a split draws from.
+pub struct Fillers {
+    /// Training: the shared essays (when present), RULER noise, generated small talk.
+    /// Validation: generated field reports only.
+    pub list: Vec<(String, Haystack)>,
+}
+
+impl Fillers {
+    /// The fillers of `split`; `essays` is the shared essay haystack when available.
+    pub fn new(split: Split, essays: Option<Haystack>) -> Result<Self> {
+        let mut list = Vec::new();
+        match split {
+            Split::Train => {
+                if let Some(e) = essays {
+                    list.push(("essays".to_string(), e));
+                }
+                list.push(("noise".to_string(), Haystack::noise()));
+                list.push((
+                    "small-talk".to_string(),
+                    Haystack::from_text(&generated(SMALL_TALK, 0x5A11, 4000), "small talk")?,
+                ));
+            }
+            Split::Validation => list.push((
+                "field-reports".to_string(),
+                Haystack::from_text(&generated(REPORTS, 0xF1E1D, 4000), "field reports")?,
+            )),
+        }
+        Ok(Self { list })
+    }
+}
+
+/// One step of a trajectory: the chunk read and the memory before and after it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    pub chunk: String,
+    pub memory_before: String,
+    pub memory_after: String,
+    /// Planted sentences in this chunk that are relevant (must enter the memory).
+    pub relevant: Vec<String>,
+    /// Planted sentences in this chunk that are not (must stay out).
+    pub distractors: Vec<String>,
+}
+
+/// Which templates a trajectory uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    Question,
+    General,
+}
+
+/// A whole workflow run with its oracle memories.
+#[derive(Debug, Clone, Serialize)]
+pub struct Trajectory {
+    pub mode: Mode,
+    pub family: &'static str,
+    pub filler: String,
+    /// The problem (question mode) or a question asked of the general memory.
+    pub question: String,
+    pub steps: Vec<Step>,
+    /// The oracle final reply.
+    pub answer: String,
+    /// Values a correct answer holds.
+    pub expected: Vec<String>,
+    /// Lines the final memory must hold (the current relevant facts).
+    pub memory_lines: Vec<String>,
+}
+
+/// One training conversation: a user message and the reply to learn.
+#[derive(Debug, Clone, Serialize)]
+pub struct Example {
+    pub family: &'static str,
+    pub mode: Mode,
+    /// `update` or `final`.
+    pub kind: &'static str,
+    pub template: Template,
+    pub message: String,
+    pub target: String,
+}
+
+impl Trajectory {
+    /// The conversations of this trajectory: every update step, then the final answer.
+    pub fn examples(&self) -> Vec<Example> {
+        let (update, answer) = match self.mode {
+            Mode::Question => (UPDATE, FINAL_BOXED),
+            Mode::General => (GENERAL_UPDATE, GENERAL_ANSWER),
+        };
+        let question = match self.mode {
+            Mode::Question => self.question.as_str(),
+            Mode::General => "",
+        };
+        let mut out: Vec<Example> = self
+            .steps
+            .iter()
+            .map(|s| Example {
+                family: self.family,
+                mode: self.mode,
+                kind: "update",
+                template: update,
+                message: update.fill(question, &s.memory_before, &s.chunk),
+                target: s.memory_after.clone(),
+            })
+            .collect();
+        let last = self.steps.last().map_or(NO_MEMORY, |s| &s.memory_after);
+        out.push(Example {
+            family: self.family,
+            mode: self.mode,
+            kind: "final",
+            template: answer,
+            message: answer.fill(&self.question, last, ""),
+            target: self.answer.clone(),
+        });
+        out
+    }
+}
+
+/// Example number `index` of a split: one conversation of trajectory `index`, drawn so
+/// that updates and final answers both appear.
+pub fn example(
+    tokenizer: &dyn TextTokenizer,
+    fillers: &Fillers,
+    config: &DataConfig,
+    split: Split,
+    index: u64,
+) -> Result<Example> {
+    let t = trajectory(tokenizer, fillers, config, split, index)?;
+    let mut examples = t.examples();
+    let mut rng = rng_for(config.seed ^ 0x00E8_A391, split, index);
+    // Finals are one conversation of n + 1; draw them a little more often than that.
+    let pick = if rng.random_bool(0.2) {
+        examples.len() - 1
+    } else {
+        rng.random_range(0..examples.len())
+    };
+    Ok(examples.swap_remove(pick))
+}
+
+fn rng_for(seed: u64, split: Split, index: u64) -> StdRng {
+    let salt = match split {
+        Split::Train => 0x7124_11A5_u64,
+        Split::Validation => 0x0FA1_1DA7_u64 << 20,
+    };
+    StdRng::seed_from_u64(
+        seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ salt ^ index.wrapping_mul(0xD1B5_4A32_D192_ED03),
+    )
+}
+
+/// Trajectory number `index` of a split.
+pub fn trajectory(
+    tokenizer: &dyn TextTokenizer,
+    fillers: &Fillers,
+    config: &DataConfig,
+    split: Split,
+    index: u64,
+) -> Result<Trajectory> {
+    if fillers.list.is_empty() {
+        return Err(Error::InvalidRequest(
+            "no filler to build trajectories from".into(),
+        ));
+    }
+    if config.chunk_min == 0 || config.chunk_min > config.chunk_max {
+        return Err(Error::InvalidRequest(format!(
+            "chunk sizes {}..{} are not a range of positive token counts",
+            config.chunk_min, config.chunk_max
+        )));
+    }
+    let mut rng = rng_for(config.seed, split, index);
+    let p = Patterns::of(split);
+    if rng.random_bool(config.general_share) {
+        general(tokenizer, config, p, &mut rng)
+    } else {
+        let (name, haystack) = fillers.list.choose(&mut rng).expect("non-empty");
+        question(tokenizer, config, p, name, haystack, &mut rng)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Surface forms. Training and validation share none.
+
+struct Patterns {
+    /// A fact: {kind} of {key} is {value}.
+    facts: &'static [&'static str],
+    /// Question about one key.
+    ask_one: &'static [&'static str],
+    /// Question about all values of one key.
+    ask_all: &'static [&'static str],
+    /// Question about several keys ({keys}).
+    ask_many: &'static [&'static str],
+    /// A value changes: {kind} of {key} is now {value}.
+    changes: &'static [&'static str],
+    kinds: &'static [&'static str],
+    keys: &'static [&'static str],
+    people: &'static [&'static str],
+    places: &'static [&'static str],
+    /// Multi-hop: {a} is {b}'s {rel}. / {b} lives in {place}.
+    relation: &'static [&'static str],
+    lives: &'static [&'static str],
+    ask_hop: &'static [&'static str],
+    /// Variable tracking.
+    assign: &'static [&'static str],
+    copy: &'static [&'static str],
+    ask_vars: &'static [&'static str],
+    /// General mode: the user's or a person's facts (said, and as remembered).
+    chat: &'static [(&'static str, &'static str, &'static str)],
+    chat_updates: &'static [(&'static str, &'static str, &'static str)],
+    openers: &'static [&'static str],
+}
+
+impl Patterns {
+    fn of(split: Split) -> &'static Patterns {
+        match split {
+            Split::Train => &TRAIN,
+            Split::Validation => &VALIDATION,
+        }
+    }
+}
+
+static TRAIN: Patterns = Patterns {
+    facts: &[
+        "One of the special magic {kind}s for {key} is: {value}.",
+        "The special magic {kind} for {key} is {value}.",
+        "Remember this: the {kind} of {key} is {value}.",
+        "{key}'s {kind} is {value}.",
+        "For the record, {key} has the {kind} {value}.",
+        "Note that the {kind} assigned to {key} is {value}.",
+        "The {kind} registered for {key} is {value}.",
+        "Important: {key} uses the {kind} {value}.",
+    ],
+    ask_one: &[
+        "What is the special magic {kind} for {key} mentioned in the provided text?",
+        "What is the {kind} of {key}?",
+        "Which {kind} belongs to {key}?",
+        "Find the {kind} given for {key} in the text.",
+    ],
+    ask_all: &[
+        "What are all the special magic {kind}s for {key} mentioned in the provided text?",
+        "List every {kind} given for {key}.",
+    ],
+    ask_many: &[
+        "What are all the special magic {kind}s for {keys} mentioned in the provided text?",
+        "What are the {kind}s of {keys}?",
+    ],
+    changes: &[
+        "Update: the {kind} of {key} has changed to {value}.",
+        "Correction: {key}'s {kind} is now {value}.",
+        "From today the {kind} for {key} is {value} instead.",
+    ],
+    kinds: &["number", "code", "password", "word", "id"],
+    keys: CITIES,
+    people: &[
+        "Alice", "Boris", "Carmen", "Deniz", "Elena", "Farid", "Greta", "Hiro", "Ines", "Jonas",
+        "Kemal", "Lena", "Marco", "Nadia", "Oskar", "Petra", "Rahul", "Sofia", "Tomas", "Ursula",
+        "Viktor", "Wanda", "Yusuf", "Zoe",
+    ],
+    places: &[
+        "Porto", "Krakow", "Valencia", "Ghent", "Turku", "Bergen", "Split", "Leeds", "Lyon",
+        "Graz", "Bruges", "Aarhus", "Cork", "Bologna", "Sevilla", "Tartu",
+    ],
+    relation: &[
+        "{a} is the {rel} of {b}.",
+        "{b}'s {rel} is {a}.",
+        "{a} is {b}'s {rel}.",
+    ],
+    lives: &[
+        "{b} lives in {place}.",
+        "{b} has an apartment in {place}.",
+        "{b} moved to {place} years ago.",
+    ],
+    ask_hop: &[
+        "In which city does the {rel} of {b2} live?",
+        "Where does {b2}'s {rel} live?",
+    ],
+    assign: &[
+        "VAR {x} = {value}.",
+        "Let {x} be {value}.",
+        "{x} := {value}.",
+    ],
+    copy: &["VAR {y} = VAR {x}.", "Let {y} be {x}.", "{y} := {x}."],
+    ask_vars: &[
+        "Find all variables that are assigned the value {value} in the text above.",
+        "Which variables end up holding the value {value}?",
+    ],
+    chat: &[
+        (
+            "My name is {name}, by the way.",
+            "The user's name is {name}.",
+            "What is the user's name?",
+        ),
+        (
+            "I was born on {date}.",
+            "The user's birthday is {date}.",
+            "When is the user's birthday?",
+        ),
+        (
+            "My birthday is {date}, don't forget!",
+            "The user's birthday is {date}.",
+            "When is the user's birthday?",
+        ),
+        (
+            "I live in {place} now.",
+            "The user lives in {place}.",
+            "Where does the user live?",
+        ),
+        (
+            "My sister {name2} is visiting next week.",
+            "The user's sister is {name2}.",
+            "What is the name of the user's sister?",
+        ),
+        (
+            "I'm allergic to {food}.",
+            "The user is allergic to {food}.",
+            "What is the user allergic to?",
+        ),
+        (
+            "I really can't stand {food}.",
+            "The user dislikes {food}.",
+            "What food does the user dislike?",
+        ),
+        (
+            "My favourite food is {food}.",
+            "The user's favourite food is {food}.",
+            "What is the user's favourite food?",
+        ),
+        (
+            "I work as a {job}.",
+            "The user works as a {job}.",
+            "What is the user's job?",
+        ),
+        (
+            "We decided to book the {item} for {date}.",
+            "Decision: book the {item} for {date}.",
+            "What was decided about the {item}?",
+        ),
+        (
+            "I still need to renew my {item} before {date}.",
+            "Open task: renew the {item} before {date}.",
+            "What does the user still need to do?",
+        ),
+        (
+            "My dog is called {pet}.",
+            "The user's dog is called {pet}.",
+            "What is the user's dog called?",
+        ),
+    ],
+    chat_updates: &[
+        (
+            "Actually I just moved to {place}.",
+            "The user lives in {place}.",
+            "Where does the user live?",
+        ),
+        (
+            "I changed jobs, I'm a {job} now.",
+            "The user works as a {job}.",
+            "What is the user's job?",
+        ),
+    ],
+    openers: &[
+        "Hi! How are you today?",
+        "Haha, that's funny.",
+        "The weather is lovely this morning.",
+        "Thanks, that helps a lot.",
+        "Did you watch the match yesterday?",
+        "I had coffee with a friend, nothing special.",
+        "Okay, sounds good to me.",
+        "I'm a bit tired today, long week.",
+        "That reminds me of a film I saw once.",
+        "Sure, no problem at all.",
+        "What a busy afternoon it has been.",
+        "I think I'll go for a walk later.",
+    ],
+};
+
+static VALIDATION: Patterns = Patterns {
+    facts: &[
+        "Keep in mind that {key} goes with the {kind} {value}.",
+        "The archive lists {value} as the {kind} tied to {key}.",
+        "According to the ledger, {key} -> {kind} {value}.",
+        "A {kind} was recorded for {key}: {value}.",
+    ],
+    ask_one: &[
+        "Tell me the {kind} that goes with {key}.",
+        "Which {kind} does the text tie to {key}?",
+    ],
+    ask_all: &["Give all {kind}s that the text ties to {key}."],
+    ask_many: &["Report the {kind}s that go with {keys}."],
+    changes: &["Revision notice: {key} now carries the {kind} {value}."],
+    kinds: &["serial", "token", "pin"],
+    keys: &[
+        "the copper kettle",
+        "the north gate",
+        "the violet ledger",
+        "the quiet harbor",
+        "the iron bridge",
+        "the amber lantern",
+        "the silver orchard",
+        "the old mill",
+        "the green tram",
+        "the hidden garden",
+        "the stone tower",
+        "the paper kite",
+    ],
+    people: &[
+        "Aurelio", "Brigida", "Casimir", "Delphine", "Evander", "Fiora", "Gideon", "Hermione",
+        "Ignatius", "Juniper", "Leopold", "Marisol",
+    ],
+    places: &[
+        "Reykjavik",
+        "Tbilisi",
+        "Montevideo",
+        "Hobart",
+        "Windhoek",
+        "Kyoto",
+        "Quito",
+        "Perth",
+    ],
+    relation: &["{a} and {b} are related: {a} is the {rel}."],
+    lives: &["The home of {b} is in {place}."],
+    ask_hop: &["Name the city where the {rel} of {b2} has a home."],
+    assign: &["SET {x} TO {value}."],
+    copy: &["SET {y} TO {x}."],
+    ask_vars: &["Name every variable whose value ends up being {value}."],
+    chat: &[
+        (
+            "People call me {name}.",
+            "The user's name is {name}.",
+            "What is the user called?",
+        ),
+        (
+            "Mark {date} in your calendar, it's my birthday.",
+            "The user's birthday is {date}.",
+            "On which date is the user's birthday?",
+        ),
+        (
+            "These days my home is in {place}.",
+            "The user lives in {place}.",
+            "In which city is the user's home?",
+        ),
+        (
+            "{food} makes me sick, I avoid it.",
+            "The user is allergic to {food}.",
+            "Which food must the user avoid?",
+        ),
+        (
+            "By profession I'm a {job}.",
+            "The user works as a {job}.",
+            "What does the user do for a living?",
+        ),
+    ],
+    chat_updates: &[(
+        "Big news: I relocated to {place}.",
+        "The user lives in {place}.",
+        "In which city is the user's home?",
+    )],
+    openers: &[
+        "Morning! Slept well?",
+        "Lol, classic.",
+        "Rain again, typical.",
+        "Cheers for that.",
+        "Not much going on here.",
+        "Fine by me.",
+    ],
+};
+
+const RELATIONS: &[&str] = &["sister", "brother", "cousin", "mother", "father", "friend"];
+const FOODS: &[&str] = &[
+    "peanuts",
+    "shellfish",
+    "cilantro",
+    "mushrooms",
+    "olives",
+    "strawberries",
+    "gluten",
+    "blue cheese",
+    "sushi",
+    "lasagna",
+    "curry",
+    "pancakes",
+];
+const JOBS: &[&str] = &[
+    "nurse",
+    "teacher",
+    "carpenter",
+    "data analyst",
+    "pilot",
+    "baker",
+    "lawyer",
+    "architect",
+    "veterinarian",
+    "translator",
+];
+const ITEMS: &[&str] = &[
+    "passport",
+    "flight",
+    "hotel",
+    "venue",
+    "car",
+    "dentist appointment",
+];
+const PETS: &[&str] = &["Biscuit", "Luna", "Pepper", "Rocky", "Milo", "Nala"];
+const MONTHS: &[&str] = &[
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+];
+
+/// Sentence fragments of the generated fillers.
+const SMALL_TALK: &[&[&str]] = &[
+    &[
+        "Honestly,",
+        "Well,",
+        "You know,",
+        "Anyway,",
+        "So",
+        "I guess",
+    ],
+    &[
+        "the traffic",
+        "my neighbour",
+        "the new cafe",
+        "this weather",
+        "the weekend",
+        "the game",
+    ],
+    &["was", "seemed", "felt", "turned out"],
+    &[
+        "pretty relaxing.",
+        "a bit chaotic.",
+        "nicer than expected.",
+        "totally fine.",
+        "so loud.",
+        "quite boring.",
+    ],
+];
+const REPORTS: &[&[&str]] = &[
+    &[
+        "At dawn",
+        "By noon",
+        "Late in the evening",
+        "During the survey",
+        "After the storm",
+    ],
+    &[
+        "the field team",
+        "the drone crew",
+        "the river gauge",
+        "station seven",
+        "the second patrol",
+    ],
+    &["logged", "measured", "noted", "reported"],
+    &[
+        "steady winds from the west.",
+        "a slight rise in the water level.",
+        "no unusual activity.",
+        "dense fog over the valley.",
+        "three migrating flocks.",
+    ],
+];
+
+/// Deterministic text of `sentences` sentences from fragment lists.
+fn generated(parts: &[&[&str]], seed: u64, sentences: usize) -> String {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut out = String::new();
+    for _ in 0..sentences {
+        for (i, part) in parts.iter().enumerate() {
+            if i > 0 || !out.is_empty() {
+                out.push(' ');
+            }
+            out.push_str(part.choose(&mut rng).expect("fragments"));
+        }
+    }
+    out
+}
+
+fn fill(pattern: &str, pairs: &[(&str, &str)]) -> String {
+    let mut s = pattern.to_string();
+    for (k, v) in pairs {
+        s = s.replace(&format!("{{{k}}}"), v);
+    }
+    // A sentence starts with a capital letter even when a key ("the north gate") opens it.
+    let mut chars = s.chars();
+    match chars.next() {
+        Some(c) if c.is_lowercase() => c.to_uppercase().chain(chars).collect(),
+        _ => s,
+    }
+}
+
+fn value_of(kind: &str, rng: &mut StdRng) -> String {
+    match kind {
+        "word" | "password" | "token" => {
+            const C: &[u8] = b"bdfgklmnprstvz";
+            const V: &[u8] = b"aeiou";
+            (0..3)
+                .flat_map(|_| {
+                    [
+                        C[rng.random_range(0..C.len())] as char,
+                        V[rng.random_range(0..V.len())] as char,
+                    ]
+                })
+                .collect()
+        }
+        "code" | "serial" => format!(
+            "{}{}-{}",
+            (b'A' + rng.random_range(0..26u8)) as char,
+            (b'A' + rng.random_range(0..26u8)) as char,
+            rng.random_range(1000..10000)
+        ),
+        "pin" => rng.random_range(1000..10000).to_string(),
+        _ => rng.random_range(1_000_000u32..10_000_000).to_string(),
+    }
+}
+
+/// Distinct picks from a list.
+fn picks<'a>(list: &[&'a str], n: usize, rng: &mut StdRng) -> Vec<&'a str> {
+    let mut v = list.to_vec();
+    v.shuffle(rng);
+    v.truncate(n);
+    v
+}
+
+/// A planted sentence: its text, the chunk it goes in, and whether it is relevant.
+struct Plant {
+    text: String,
+    chunk: usize,
+    relevant: bool,
+    /// A later relevant line that supersedes this one (an updated value).
+    replaces: Option<usize>,
+}
+
+fn question(
+    tokenizer: &dyn TextTokenizer,
+    config: &DataConfig,
+    p: &Patterns,
+    filler_name: &str,
+    haystack: &Haystack,
+    rng: &mut StdRng,
+) -> Result<Trajectory> {
+    let n_chunks = rng.random_range(1..=4usize);
+    let kind = *p.kinds.choose(rng).expect("kinds");
+    let at = |rng: &mut StdRng| rng.random_range(0..n_chunks);
+    let families = [
+        "single",
+        "multikey",
+        "multivalue",
+        "multiquery",
+        "update",
+        "multihop",
+        "vt",
+    ];
+    let family = *families.choose(rng).expect("families");
+    let mut plants: Vec<Plant> = Vec::new();
+    let fact = |key: &str, value: &str, rng: &mut StdRng| {
+        fill(
+            p.facts.choose(rng).expect("facts"),
+            &[("kind", kind), ("key", key), ("value", value)],
+        )
+    };
+    let distract = |plants: &mut Vec<Plant>, keys: &[&str], rng: &mut StdRng| {
+        for key in keys {
+            let v = value_of(kind, rng);
+            plants.push(Plant {
+                text: fact(key, &v, rng),
+                chunk: rng.random_range(0..n_chunks),
+                relevant: false,
+                replaces: None,
+            });
+        }
+    };
+    let (question, expected): (String, Vec<String>) = match family {
+        "single" | "multikey" => {
+            let keys = picks(p.keys, 4, rng);
+            let value = value_of(kind, rng);
+            plants.push(Plant {
+                text: fact(keys[0], &value, rng),
+                chunk: at(rng),
+                relevant: true,
+                replaces: None,
+            });
+            let n_distract = if family == "single" {
+                rng.random_range(0..=1)
+            } else {
+                rng.random_range(1..=3)
+            };
+            distract(&mut plants, &keys[1..=n_distract], rng);
+            (
+                fill(
+                    p.ask_one.choose(rng).expect("q"),
+                    &[("kind", kind), ("key", keys[0])],
+                ),
+                vec![value],
+            )
+        }
+        "multivalue" => {
+            let keys = picks(p.keys, 3, rng);
+            let n = rng.random_range(2..=4);
+            let mut values = Vec::new();
+            while values.len() < n {
+                let v = value_of(kind, rng);
+                if !values.contains(&v) {
+                    values.push(v);
+                }
+            }
+            for v in &values {
+                plants.push(Plant {
+                    text: fact(keys[0], v, rng),
+                    chunk: at(rng),
+                    relevant: true,
+                    replaces: None,
+                });
+            }
+            let nd = rng.random_range(0..=2);
+            distract(&mut plants, &keys[1..=nd], rng);
+            (
+                fill(
+                    p.ask_all.choose(rng).expect("q"),
+                    &[("kind", kind), ("key", keys[0])],
+                ),
+                values,
+            )
+        }
+        "multiquery" => {
+            let n = rng.random_range(2..=4);
+            let keys = picks(p.keys, n + 1, rng);
+            let mut values = Vec::new();
+            for key in &keys[..n] {
+                let v = value_of(kind, rng);
+                plants.push(Plant {
+                    text: fact(key, &v, rng),
+                    chunk: at(rng),
+                    relevant: true,
+                    replaces: None,
+                });
+                values.push(v);
+            }
+            if rng.random_bool(0.5) {
+                distract(&mut plants, &keys[n..], rng);
+            }
+            let list = match n {
+                2 => format!("{} and {}", keys[0], keys[1]),
+                _ => format!("{} and {}", keys[..n - 1].join(", "), keys[n - 1]),
+            };
+            (
+                fill(
+                    p.ask_many.choose(rng).expect("q"),
+                    &[("kind", kind), ("keys", &list)],
+                ),
+                values,
+            )
+        }
+        "update" => {
+            let keys = picks(p.keys, 3, rng);
+            let (old, new) = (value_of(kind, rng), value_of(kind, rng));
+            let first = rng.random_range(0..n_chunks);
+            let later = rng.random_range(first..n_chunks);
+            plants.push(Plant {
+                text: fact(keys[0], &old, rng),
+                chunk: first,
+                relevant: true,
+                replaces: Some(1),
+            });
+            let change = fill(
+                p.changes.choose(rng).expect("c"),
+                &[("kind", kind), ("key", keys[0]), ("value", &new)],
+            );
+            plants.push(Plant {
+                text: change,
+                chunk: later,
+                relevant: true,
+                replaces: None,
+            });
+            let nd = rng.random_range(0..=2);
+            distract(&mut plants, &keys[1..=nd], rng);
+            (
+                fill(
+                    p.ask_one.choose(rng).expect("q"),
+                    &[("kind", kind), ("key", keys[0])],
+                ),
+                vec![new],
+            )
+        }
+        "multihop" => {
+            let people = picks(p.people, 4, rng);
+            let places = picks(p.places, 2, rng);
+            let rel = *RELATIONS.choose(rng).expect("rel");
+            let link = |a: &str, b: &str, rng: &mut StdRng| {
+                fill(
+                    p.relation.choose(rng).expect("r"),
+                    &[("a", a), ("b", b), ("rel", rel)],
+                )
+            };
+            let home = |b: &str, place: &str, rng: &mut StdRng| {
+                fill(
+                    p.lives.choose(rng).expect("l"),
+                    &[("b", b), ("place", place)],
+                )
+            };
+            // people[0] is the rel of people[1]; people[0] lives in places[0].
+            let l1 = link(people[0], people[1], rng);
+            let l2 = home(people[0], places[0], rng);
+            plants.push(Plant {
+                text: l1,
+                chunk: at(rng),
+                relevant: true,
+                replaces: None,
+            });
+            plants.push(Plant {
+                text: l2,
+                chunk: at(rng),
+                relevant: true,
+                replaces: None,
+            });
+            if rng.random_bool(0.7) {
+                let d1 = link(people[2], people[3], rng);
+                let d2 = home(people[2], places[1], rng);
+                plants.push(Plant {
+                    text: d1,
+                    chunk: at(rng),
+                    relevant: false,
+                    replaces: None,
+                });
+                plants.push(Plant {
+                    text: d2,
+                    chunk: at(rng),
+                    relevant: false,
+                    replaces: None,
+                });
+            }
+            (
+                fill(
+                    p.ask_hop.choose(rng).expect("q"),
+                    &[("rel", rel), ("b2", people[1])],
+                ),
+                vec![places[0].to_string()],
+            )
+        }
+        _ => {
+            let names: Vec<String> = {
+                let mut set = BTreeSet::new();
+                let mut v = Vec::new();
+                while v.len() < 6 {
+                    let n: String = (0..5)
+                        .map(|_| (b'A' + rng.random_range(0..26u8)) as char)
+                        .collect();
+                    if set.insert(n.clone()) {
+                        v.push(n);
+                    }
+                }
+                v
+            };
+            let len = rng.random_range(2..=4);
+            let value = rng.random_range(10_000u32..100_000).to_string();
+            let (a, c) = (
+                *p.assign.choose(rng).expect("a"),
+                *p.copy.choose(rng).expect("c"),
+            );
+            let mut chunks: Vec<usize> = (0..len).map(|_| rng.random_range(0..n_chunks)).collect();
+            chunks.sort();
+            plants.push(Plant {
+                text: fill(a, &[("x", &names[0]), ("value", &value)]),
+                chunk: chunks[0],
+                relevant: true,
+                replaces: None,
+            });
+            for i in 1..len {
+                plants.push(Plant {
+                    text: fill(c, &[("y", &names[i]), ("x", &names[i - 1])]),
+                    chunk: chunks[i],
+                    relevant: true,
+                    replaces: None,
+                });
+            }
+            if rng.random_bool(0.6) {
+                let other = rng.random_range(10_000u32..100_000).to_string();
+                plants.push(Plant {
+                    text: fill(a, &[("x", &names[4]), ("value", &other)]),
+                    chunk: rng.random_range(0..n_chunks),
+                    relevant: false,
+                    replaces: None,
+                });
+                plants.push(Plant {
+                    text: fill(c, &[("y", &names[5]), ("x", &names[4])]),
+                    chunk: n_chunks - 1,
+                    relevant: false,
+                    replaces: None,
+                });
+            }
+            let expected = names[..len].to_vec();
+            (
+                fill(p.ask_vars.choose(rng).expect("q"), &[("value", &value)]),
+                expected,
+            )
+        }
+    };
+    // Chunks: filler with this chunk's plants at random depths (in plant order).
+    let mut steps = Vec::with_capacity(n_chunks);
+    let mut memory_lines: Vec<(usize, String)> = Vec::new();
+    let mut memory = NO_MEMORY.to_string();
+    for c in 0..n_chunks {
+        let size = rng.random_range(config.chunk_min..=config.chunk_max);
+        let here: Vec<usize> = (0..plants.len())
+            .filter(|&i| plants[i].chunk == c)
+            .collect();
+        let mut depths: Vec<f64> = here.iter().map(|_| rng.random_range(0.0..1.0)).collect();
+        depths.sort_by(f64::total_cmp);
+        let inserts: Vec<(f64, String)> = depths
+            .into_iter()
+            .zip(here.iter().map(|&i| plants[i].text.clone()))
+            .collect();
+        let start = rng.random_range(0..haystack.word_count());
+        let (chunk, _) = compose(haystack, tokenizer, size, start, &inserts)?;
+        for &i in &here {
+            if plants[i].relevant {
+                // An updated value replaces the line it supersedes.
+                memory_lines.retain(|(j, _)| plants[*j].replaces.map(|r| j + r) != Some(i));
+                memory_lines.push((i, plants[i].text.clone()));
+            }
+        }
+        let after = if memory_lines.is_empty() {
+            NOTHING_YET.to_string()
+        } else {
+            memory_lines
+                .iter()
+                .map(|(_, l)| l.as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        steps.push(Step {
+            chunk,
+            memory_before: std::mem::replace(&mut memory, after.clone()),
+            memory_after: after,
+            relevant: here
+                .iter()
+                .filter(|&&i| plants[i].relevant)
+                .map(|&i| plants[i].text.clone())
+                .collect(),
+            distractors: here
+                .iter()
+                .filter(|&&i| !plants[i].relevant)
+                .map(|&i| plants[i].text.clone())
+                .collect(),
+        });
+    }
+    let answer = format!("The answer is \\boxed{{{}}}.", expected.join(", "));
+    check_memory(tokenizer, config, &steps)?;
+    Ok(Trajectory {
+        mode: Mode::Question,
+        family,
+        filler: filler_name.to_string(),
+        question,
+        steps,
+        answer,
+        expected,
+        memory_lines: memory_lines.into_iter().map(|(_, l)| l).collect(),
+    })
+}
+
+fn check_memory(tokenizer: &dyn TextTokenizer, config: &DataConfig, steps: &[Step]) -> Result<()> {
+    for (i, s) in steps.iter().enumerate() {
+        let n = tokenizer.encode(&s.memory_after)?.len();
+        if n > config.memory_tokens {
+            return Err(Error::InvalidRequest(format!(
+                "oracle memory of step {} has {n} tokens, over the cap of {}",
+                i + 1,
+                config.memory_tokens
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// One durable fact of a general-mode trajectory.
+struct Said {
+    said: String,
+    remembered: String,
+    question: String,
+    /// Facts with the same slot replace each other (the newest wins).
+    slot: String,
+}
+
+fn general(
+    tokenizer: &dyn TextTokenizer,
+    config: &DataConfig,
+    p: &Patterns,
+    rng: &mut StdRng,
+) -> Result<Trajectory> {
+    let two_people = rng.random_bool(0.35);
+    let (speaker, other) = if two_people {
+        let ps = picks(p.people, 2, rng);
+        (ps[0].to_string(), ps[1].to_string())
+    } else {
+        ("user".to_string(), "assistant".to_string())
+    };
+    let subject = |s: &str| -> String {
+        if two_people {
+            s.replace("The user's", &format!("{speaker}'s"))
+                .replace("The user", &speaker)
+                .replace("the user's", &format!("{speaker}'s"))
+                .replace("the user", &speaker)
+        } else {
+            s.to_string()
+        }
+    };
+    let date = |rng: &mut StdRng| {
+        format!(
+            "{} {}",
+            MONTHS.choose(rng).expect("m"),
+            rng.random_range(1..=28)
+        )
+    };
+    let n_facts = rng.random_range(1..=6usize);
+    let mut facts: Vec<Said> = Vec::new();
+    let mut used = BTreeSet::new();
+    for _ in 0..n_facts {
+        let (said, rem, q) = *p.chat.choose(rng).expect("chat");
+        if !used.insert(rem.split(' ').take(3).collect::<Vec<_>>().join(" ")) {
+            continue;
+        }
+        let names = picks(p.people, 2, rng);
+        let pairs = [
+            (
+                "name",
+                if two_people {
+                    speaker.as_str()
+                } else {
+                    names[0]
+                },
+            ),
+            ("name2", names[1]),
+            ("date", &date(rng)),
+            ("place", p.places.choose(rng).expect("p")),
+            ("food", FOODS.choose(rng).expect("f")),
+            ("job", JOBS.choose(rng).expect("j")),
+            ("item", ITEMS.choose(rng).expect("i")),
+            ("pet", PETS.choose(rng).expect("p")),
+        ];
+        let slot = rem.split(' ').take(3).collect::<Vec<_>>().join(" ");
+        facts.push(Said {
+            said: fill(said, &pairs),
+            remembered: subject(&fill(rem, &pairs)),
+            question: subject(q),
+            slot,
+        });
+    }
+    // Sometimes a later update replaces a fact of the same slot.
+    if rng.random_bool(0.3) {
+        let (said, rem, q) = *p.chat_updates.choose(rng).expect("updates");
+        let place = *p.places.choose(rng).expect("p");
+        let job = *JOBS.choose(rng).expect("j");
+        let pairs = [("place", place), ("job", job)];
+        let slot = rem.split(' ').take(3).collect::<Vec<_>>().join(" ");
+        facts.push(Said {
+            said: fill(said, &pairs),
+            remembered: subject(&fill(rem, &pairs)),
+            question: subject(q),
+            slot,
+        });
+    }
+    // Turns: small talk with the facts said by the speaker at random places.
+    let n_chunks = rng.random_range(1..=3usize);
+    let sizes: Vec<usize> = (0..n_chunks)
+        .map(|_| rng.random_range(config.chunk_min..=config.chunk_max))
+        .collect();
+    let total: usize = sizes.iter().sum();
+    let notes = !two_people && rng.random_bool(0.25);
+    let family = if notes {
+        "notes"
+    } else if two_people {
+        "two-people"
+    } else {
+        "chat"
+    };
+    let mut day = rng.random_range(1..=20u32);
+    let mut minute = rng.random_range(0..600u32);
+    let mut turn = |text: &str, by_speaker: bool, rng: &mut StdRng| -> String {
+        minute += rng.random_range(1..40);
+        if minute >= 24 * 60 {
+            minute -= 24 * 60;
+            day += 1;
+        }
+        if notes {
+            format!("- {text}")
+        } else {
+            let who = if by_speaker { &speaker } else { &other };
+            format!(
+                "[2026-{:02}-{:02} {:02}:{:02}] {who}: {text}",
+                3 + day / 28,
+                day % 28 + 1,
+                minute / 60,
+                minute % 60
+            )
+        }
+    };
+    // Where each fact falls, as a fraction of the whole text.
+    let mut at: Vec<f64> = facts.iter().map(|_| rng.random_range(0.0..1.0)).collect();
+    at.sort_by(f64::total_cmp);
+    let mut lines: Vec<(String, Option<usize>)> = Vec::new();
+    let mut tokens = 0;
+    let mut next = 0;
+    while tokens < total {
+        while next < facts.len() && at[next] * total as f64 <= tokens as f64 {
+            let l = turn(&facts[next].said, true, rng);
+            tokens += tokenizer.encode(&l)?.len() + 1;
+            lines.push((l, Some(next)));
+            next += 1;
+        }
+        let l = turn(p.openers.choose(rng).expect("o"), rng.random_bool(0.5), rng);
+        tokens += tokenizer.encode(&l)?.len() + 1;
+        lines.push((l, None));
+    }
+    while next < facts.len() {
+        let l = turn(&facts[next].said, true, rng);
+        lines.push((l, Some(next)));
+        next += 1;
+    }
+    // Cut into chunks at the sizes drawn (by running token count).
+    let mut steps = Vec::new();
+    let mut current: Vec<(String, Option<usize>)> = Vec::new();
+    let mut current_tokens = 0;
+    let mut memory: Vec<usize> = Vec::new();
+    let mut before = NO_MEMORY.to_string();
+    let flush = |current: &mut Vec<(String, Option<usize>)>,
+                 memory: &mut Vec<usize>,
+                 before: &mut String| {
+        let mut relevant = Vec::new();
+        for (_, f) in current.iter() {
+            if let Some(i) = *f {
+                memory.retain(|&j| facts[j].slot != facts[i].slot);
+                memory.push(i);
+                relevant.push(facts[i].said.clone());
+            }
+        }
+        let after = if memory.is_empty() {
+            "No facts yet.".to_string()
+        } else {
+            memory
+                .iter()
+                .map(|&i| facts[i].remembered.as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let chunk = current
+            .iter()
+            .map(|(l, _)| l.as_str())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let step = Step {
+            chunk,
+            memory_before: std::mem::replace(before, after.clone()),
+            memory_after: after,
+            relevant,
+            distractors: Vec::new(),
+        };
+        current.clear();
+        step
+    };
+    let mut size_i = 0;
+    for (l, f) in lines {
+        current_tokens += tokenizer.encode(&l)?.len() + 1;
+        current.push((l, f));
+        if current_tokens >= sizes[size_i.min(sizes.len() - 1)] {
+            steps.push(flush(&mut current, &mut memory, &mut before));
+            current_tokens = 0;
+            size_i += 1;
+        }
+    }
+    if !current.is_empty() {
+        steps.push(flush(&mut current, &mut memory, &mut before));
+    }
+    check_memory(tokenizer, config, &steps)?;
+    // Ask about a remembered fact, or (sometimes) about something never said.
+    let (question, answer, expected) = if memory.is_empty() || rng.random_bool(0.15) {
+        let q = subject("What is the user's shoe size?");
+        (q, "not known".to_string(), vec!["not known".to_string()])
+    } else {
+        let f = &facts[*memory.choose(rng).expect("memory")];
+        (
+            f.question.clone(),
+            f.remembered.clone(),
+            vec![f.remembered.clone()],
+        )
+    };
+    Ok(Trajectory {
+        mode: Mode::General,
+        family,
+        filler: if notes {
+            "notes".into()
+        } else {
+            "small-talk turns".into()
+        },
+        question,
+        steps,
+        answer,
+        expected,
+        memory_lines: memory
+            .iter()
+            .map(|&i| facts[i].remembered.clone())
+            .collect(),
+    })
+}
+
+/// Every surface pattern of a split (for checking that validation's are unseen).
+pub fn patterns(split: Split) -> Vec<&'static str> {
+    let p = Patterns::of(split);
+    let mut v: Vec<&str> = Vec::new();
+    for list in [
+        p.facts, p.ask_one, p.ask_all, p.ask_many, p.changes, p.relation, p.lives, p.ask_hop,
+        p.assign, p.copy, p.ask_vars, p.openers,
+    ] {
+        v.extend_from_slice(list);
+    }
+    for list in [p.chat, p.chat_updates] {
+        v.extend(list.iter().flat_map(|(a, _, c)| [*a, *c]));
+    }
+    v
+}
+
+/// The keys of a split's facts.
+pub fn keys(split: Split) -> &'static [&'static str] {
+    Patterns::of(split).keys
+}

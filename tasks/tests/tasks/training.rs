@@ -1,0 +1,118 @@
+//! Training trajectories on the real tokenizer: deterministic per seed, oracle memories
+//! within the cap, planted relevant facts kept from their chunk on, distractors never in
+//! memory, and validation patterns absent from the training split.
+
+use memagent_engine::{GgufFile, Tokenizer};
+use memagent_tasks::training::{patterns, trajectory, DataConfig, Fillers, Mode, Split};
+
+use crate::support;
+
+fn tokenizer() -> Tokenizer {
+    Tokenizer::from_gguf(&GgufFile::open(&support::model_path()).unwrap()).unwrap()
+}
+
+#[test]
+fn trajectories_keep_planted_facts_and_never_distractors() {
+    let tok = tokenizer();
+    let config = DataConfig {
+        chunk_min: 256,
+        chunk_max: 400,
+        ..DataConfig::default()
+    };
+    let train = Fillers::new(Split::Train, None).unwrap();
+    let val = Fillers::new(Split::Validation, None).unwrap();
+    let mut families = std::collections::BTreeSet::new();
+    for (split, fillers) in [(Split::Train, &train), (Split::Validation, &val)] {
+        for i in 0..40 {
+            let t = trajectory(&tok, fillers, &config, split, i).unwrap();
+            let again = trajectory(&tok, fillers, &config, split, i).unwrap();
+            assert_eq!(
+                serde_json::to_string(&t).unwrap(),
+                serde_json::to_string(&again).unwrap(),
+                "same seed, same trajectory"
+            );
+            families.insert(t.family);
+            let mut planted: Vec<&str> = Vec::new();
+            for (s, step) in t.steps.iter().enumerate() {
+                assert!(
+                    tok.encode(&step.memory_after, false).unwrap().len() <= config.memory_tokens
+                );
+                if s > 0 {
+                    assert_eq!(step.memory_before, t.steps[s - 1].memory_after);
+                }
+                for d in &step.distractors {
+                    assert!(
+                        step.chunk.contains(d.as_str()),
+                        "distractor is in its chunk"
+                    );
+                    for later in &t.steps[s..] {
+                        assert!(
+                            !later.memory_after.contains(d.as_str()),
+                            "distractor {d} in memory"
+                        );
+                    }
+                }
+                if t.mode == Mode::Question {
+                    for r in &step.relevant {
+                        assert!(step.chunk.contains(r.as_str()));
+                        planted.push(r);
+                    }
+                    // Every planted fact not superseded by an update is in memory from now on.
+                    for r in &planted {
+                        let superseded =
+                            t.family == "update" && !t.memory_lines.iter().any(|l| l == r);
+                        if !superseded {
+                            assert!(step.memory_after.contains(*r), "{r} missing after step {s}");
+                        }
+                    }
+                }
+            }
+            for line in &t.memory_lines {
+                assert!(t.steps.last().unwrap().memory_after.contains(line.as_str()));
+            }
+            let e = t.examples();
+            assert_eq!(e.len(), t.steps.len() + 1);
+            assert!(e.last().unwrap().target.contains(&t.expected[0]) || t.mode == Mode::General);
+        }
+    }
+    for f in [
+        "single",
+        "multikey",
+        "multivalue",
+        "multiquery",
+        "update",
+        "multihop",
+        "vt",
+    ] {
+        assert!(families.contains(f), "family {f} generated");
+    }
+}
+
+#[test]
+fn validation_patterns_are_absent_from_training() {
+    let train = patterns(Split::Train);
+    for p in patterns(Split::Validation) {
+        assert!(
+            !train.contains(&p),
+            "validation pattern {p:?} is also a training pattern"
+        );
+    }
+    let tok = tokenizer();
+    let config = DataConfig {
+        chunk_min: 256,
+        chunk_max: 300,
+        ..DataConfig::default()
+    };
+    let train_fillers = Fillers::new(Split::Train, None).unwrap();
+    // No validation key appears in training trajectories.
+    for i in 0..20 {
+        let t = trajectory(&tok, &train_fillers, &config, Split::Train, i).unwrap();
+        let text: String = t.steps.iter().map(|s| s.chunk.as_str()).collect();
+        for key in memagent_tasks::training::keys(Split::Validation) {
+            assert!(
+                !text.contains(key),
+                "validation key {key} in training trajectory {i}"
+            );
+        }
+    }
+}
