@@ -31,6 +31,17 @@ pub struct GlobalArgs {
     #[arg(long, global = true, value_name = "PATH")]
     pub tokenizer: Option<PathBuf>,
 
+    /// LoRA adapter merged into the model at load (`memctl train`'s adapter.safetensors,
+    /// with its adapter.json beside it), or `none` for the base model; an adapter trained
+    /// on another base model is refused
+    #[arg(
+        long,
+        global = true,
+        env = "MEMAGENT_ADAPTER",
+        value_name = "PATH|none"
+    )]
+    pub adapter: Option<String>,
+
     /// Where the model runs: cpu, cuda[:N] or metal (GPUs need a build with that feature)
     #[arg(long, global = true, env = "MEMAGENT_DEVICE", default_value = "cpu")]
     pub device: String,
@@ -111,6 +122,130 @@ pub enum Command {
     /// Benchmarks that print numbers
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Train the memory agent: LoRA adapters learned from generated trajectories whose
+    /// ideal memories are known
+    ///
+    /// Examples come from a seed (`memctl train data` prints them); every update is
+    /// logged to OUT/train.jsonl with a loss plot OUT/loss.svg; OUT/checkpoint.safetensors
+    /// is written every --checkpoint-every updates and on SIGINT/SIGTERM, and --resume
+    /// continues exactly. At the end OUT/adapter.safetensors (f16) and OUT/adapter.json
+    /// (base model sha256, data seed, command, metrics) are written.
+    #[command(
+        args_conflicts_with_subcommands = true,
+        after_help = "Examples:\n  memctl train --out runs/tuned --steps 300\n  \
+        memctl train --out runs/tuned --steps 300 --resume   # after a stop\n  \
+        memctl train data --count 3 --split validation"
+    )]
+    Train(TrainArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    #[command(subcommand)]
+    pub command: Option<TrainCommand>,
+    #[command(flatten)]
+    pub run: TrainRunArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TrainCommand {
+    /// Print generated training examples as JSON Lines (message, target, family)
+    Data(TrainDataArgs),
+}
+
+/// Options of the generated data, shared by training and `train data`.
+#[derive(Debug, Clone, Args)]
+pub struct TrainDataOptions {
+    /// Seed of the generated trajectories
+    #[arg(long, default_value_t = 1)]
+    pub data_seed: u64,
+    /// Smallest chunk of a trajectory, in tokens
+    #[arg(long, default_value_t = 256)]
+    pub chunk_min: usize,
+    /// Largest chunk of a trajectory, in tokens (the profile's C)
+    #[arg(long, default_value_t = 1024)]
+    pub chunk_max: usize,
+    /// Memory cap M; oracle memories stay within it
+    #[arg(long, default_value_t = 256)]
+    pub memory_tokens: usize,
+    /// Share of general-mode (question-free) trajectories
+    #[arg(long, default_value_t = 0.35)]
+    pub general_share: f64,
+    /// Filler folder of the training split [default: the shared essays when present]
+    #[arg(long, value_name = "DIR")]
+    pub haystack: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct TrainDataArgs {
+    #[command(flatten)]
+    pub data: TrainDataOptions,
+    /// Examples to print
+    #[arg(long, default_value_t = 5)]
+    pub count: u64,
+    /// First example index
+    #[arg(long, default_value_t = 0)]
+    pub start: u64,
+    /// train or validation
+    #[arg(long, default_value = "train")]
+    pub split: String,
+    /// Print whole trajectories (every step's chunk and oracle memory) instead of examples
+    #[arg(long)]
+    pub trajectories: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TrainRunArgs {
+    /// Run directory: config, checkpoint, log, plot and the adapter
+    #[arg(long, value_name = "DIR", default_value = "runs/memagent-lora")]
+    pub out: PathBuf,
+    /// Continue the run in --out from its last checkpoint (same options)
+    #[arg(long)]
+    pub resume: bool,
+    /// Optimizer updates
+    #[arg(long, default_value_t = 300)]
+    pub steps: u64,
+    /// Examples per update (gradients accumulated; the loss is averaged over tokens)
+    #[arg(long, default_value_t = 4)]
+    pub batch: usize,
+    /// Peak learning rate
+    #[arg(long, default_value_t = 1e-3)]
+    pub lr: f64,
+    /// Warm-up updates before the cosine decay
+    #[arg(long, default_value_t = 20)]
+    pub warmup: u64,
+    /// Gradient clipping by global norm (0: off)
+    #[arg(long, default_value_t = 1.0)]
+    pub clip: f64,
+    /// AdamW weight decay
+    #[arg(long, default_value_t = 0.0)]
+    pub weight_decay: f64,
+    /// LoRA rank
+    #[arg(long, default_value_t = 8)]
+    pub rank: usize,
+    /// LoRA alpha (the update is scaled by alpha / rank)
+    #[arg(long, default_value_t = 16.0)]
+    pub alpha: f64,
+    /// Projections that get adapters: q, k, v, o, gate, up, down
+    #[arg(long, value_delimiter = ',', default_value = "q,k,v,o,gate,up,down")]
+    pub targets: Vec<String>,
+    /// Seed of the adapters' initial values
+    #[arg(long, default_value_t = 7)]
+    pub init_seed: u64,
+    /// Checkpoint every this many updates
+    #[arg(long, default_value_t = 10)]
+    pub checkpoint_every: u64,
+    /// Score validation examples every this many updates (0: only at the end)
+    #[arg(long, default_value_t = 50)]
+    pub eval_every: u64,
+    /// Validation examples scored each time
+    #[arg(long, default_value_t = 24)]
+    pub eval_examples: u64,
+    #[command(flatten)]
+    pub data: TrainDataOptions,
+    /// Print each update as a JSON line instead of a progress bar
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

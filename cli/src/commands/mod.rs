@@ -10,6 +10,7 @@ mod model;
 mod ruler;
 mod streams;
 mod tokenize;
+mod train;
 mod watch;
 
 use std::io::Write;
@@ -51,6 +52,15 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(BenchCommand::Store(args)) => bench::store(&cli.global, &args),
         Command::Bench(BenchCommand::Daemon(args)) => bench::daemon(&cli.global, &args),
         Command::Bench(BenchCommand::Ruler(args)) => ruler::run(&cli.global, &args),
+        Command::Train(args) => train::run(&cli.global, &args),
+    }
+}
+
+/// The adapter `--adapter` names (`none`, or nothing given: the base model alone).
+pub fn adapter_path(global: &GlobalArgs) -> Option<std::path::PathBuf> {
+    match global.adapter.as_deref() {
+        None | Some("none") | Some("") => None,
+        Some(path) => Some(std::path::PathBuf::from(path)),
     }
 }
 
@@ -63,6 +73,7 @@ fn load_model(global: &GlobalArgs) -> Result<LocalModel> {
             dense_prefill: true,
         },
         tokenizer: global.tokenizer.clone(),
+        adapter: adapter_path(global),
     };
     tracing::info!("loading model {}", path.display());
     Ok(LocalModel::load(&path, &options)?)

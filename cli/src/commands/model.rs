@@ -15,10 +15,22 @@ pub fn info(global: &GlobalArgs, json: bool) -> Result<()> {
         .iter()
         .map(|(t, n)| format!("{t} x{n}"))
         .collect();
+    let adapter = match super::adapter_path(global) {
+        Some(file) => {
+            let adapter = memagent_engine::Adapter::load(&file)?;
+            let matches = adapter.manifest.base_sha256 == sha256;
+            Some(serde_json::json!({
+                "path": file, "projections": adapter.len(), "rank": adapter.manifest.rank,
+                "base_sha256": adapter.manifest.base_sha256, "base_matches": matches,
+            }))
+        }
+        None => None,
+    };
     let mut out = std::io::stdout().lock();
     if json {
         let mut value = serde_json::to_value(&info)?;
         value["sha256"] = sha256.into();
+        value["adapter"] = adapter.unwrap_or(serde_json::Value::Null);
         value["quantization"] = serde_json::json!(info
             .quantization
             .iter()
@@ -51,6 +63,21 @@ pub fn info(global: &GlobalArgs, json: bool) -> Result<()> {
         info.layers, info.embedding_length, info.heads, info.kv_heads
     )?;
     writeln!(out, "sha256:         {sha256}")?;
+    match &adapter {
+        Some(a) => writeln!(
+            out,
+            "adapter:        {} ({} projections, rank {}, base {})",
+            a["path"].as_str().unwrap_or("-"),
+            a["projections"],
+            a["rank"],
+            if a["base_matches"] == true {
+                "matches"
+            } else {
+                "DOES NOT MATCH"
+            }
+        )?,
+        None => writeln!(out, "adapter:        none (base model)")?,
+    }
     match &info.chat_template {
         Some(t) => writeln!(out, "chat template:\n{t}")?,
         None => writeln!(out, "chat template:  (none)")?,

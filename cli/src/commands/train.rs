@@ -1,0 +1,233 @@
+//! `memctl train`: LoRA training of the memory agent, and `memctl train data`.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use memagent_engine::{sha256_file, ChatTemplate, GgufFile, Tokenizer};
+use memagent_tasks::training::{trajectory, DataConfig, Fillers, Split};
+use memagent_trainer::{
+    loss_curve, read_log, AdamWConfig, Event, LoraConfig, Run, Target, TaskData, TrainConfig,
+    TrainModel,
+};
+
+use crate::cli::{GlobalArgs, TrainArgs, TrainCommand, TrainDataArgs, TrainDataOptions};
+use crate::settings;
+
+pub fn run(global: &GlobalArgs, args: &TrainArgs) -> Result<()> {
+    match &args.command {
+        Some(TrainCommand::Data(data)) => print_data(global, data),
+        None => train(global, args),
+    }
+}
+
+fn data_config(o: &TrainDataOptions) -> DataConfig {
+    DataConfig {
+        seed: o.data_seed,
+        chunk_min: o.chunk_min,
+        chunk_max: o.chunk_max,
+        memory_tokens: o.memory_tokens,
+        general_share: o.general_share,
+    }
+}
+
+fn task_data(model: &Path, o: &TrainDataOptions) -> Result<TaskData> {
+    let gguf = GgufFile::open(model)?;
+    let tokenizer = Tokenizer::from_gguf(&gguf)?;
+    let source = gguf
+        .opt_string("tokenizer.chat_template")?
+        .with_context(|| format!("{} has no chat template", model.display()))?;
+    let template = ChatTemplate::new(source, tokenizer.bos_token(), tokenizer.eos_token())?;
+    let essays = super::bench::haystack(o.haystack.as_deref())?;
+    let essays = (essays.source() != memagent_tasks::Haystack::noise().source()).then_some(essays);
+    Ok(TaskData {
+        tokenizer,
+        template,
+        config: data_config(o),
+        train: Fillers::new(Split::Train, essays)?,
+        validation: Fillers::new(Split::Validation, None)?,
+        max_tokens: memagent_engine::Config::from_gguf(&gguf)?.context_length,
+    })
+}
+
+fn split_of(name: &str) -> Result<Split> {
+    Ok(match name {
+        "train" => Split::Train,
+        "validation" | "val" => Split::Validation,
+        other => bail!("unknown split `{other}`; use train or validation"),
+    })
+}
+
+fn print_data(global: &GlobalArgs, args: &TrainDataArgs) -> Result<()> {
+    let model = settings::model_path(global)?;
+    let data = task_data(&model, &args.data)?;
+    let split = split_of(&args.split)?;
+    let fillers = match split {
+        Split::Train => &data.train,
+        Split::Validation => &data.validation,
+    };
+    let mut out = std::io::stdout().lock();
+    for i in args.start..args.start + args.count {
+        let line = if args.trajectories {
+            serde_json::to_string(&trajectory(
+                &data.tokenizer,
+                fillers,
+                &data.config,
+                split,
+                i,
+            )?)?
+        } else {
+            let e = data.example(split, i)?;
+            let seq = data.tokenize(&e.message, &e.target)?;
+            serde_json::to_string(&serde_json::json!({
+                "index": i, "split": split, "family": e.family, "mode": e.mode, "kind": e.kind,
+                "template": e.template, "tokens": seq.ids.len(), "target_tokens": seq.target_tokens(),
+                "message": e.message, "target": e.target,
+            }))?
+        };
+        writeln!(out, "{line}")?;
+    }
+    Ok(())
+}
+
+fn train(global: &GlobalArgs, args: &TrainArgs) -> Result<()> {
+    let a = &args.run;
+    let model_path = settings::model_path(global)?;
+    let targets = a
+        .targets
+        .iter()
+        .map(|t| t.parse::<Target>())
+        .collect::<Result<Vec<_>, _>>()?;
+    let data = task_data(&model_path, &a.data)?;
+    let config = TrainConfig {
+        lora: LoraConfig {
+            rank: a.rank,
+            alpha: a.alpha,
+            targets,
+        },
+        optim: AdamWConfig {
+            weight_decay: a.weight_decay,
+            ..AdamWConfig::default()
+        },
+        steps: a.steps,
+        batch: a.batch,
+        learning_rate: a.lr,
+        warmup: a.warmup,
+        min_lr_ratio: 0.1,
+        clip_norm: a.clip,
+        checkpoint_every: a.checkpoint_every,
+        eval_every: a.eval_every,
+        eval_examples: a.eval_examples,
+        init_seed: a.init_seed,
+        data: serde_json::to_value(data.config)?,
+    };
+    eprintln!("hashing {} ...", model_path.display());
+    let base_sha256 = sha256_file(&model_path)?;
+    let model = TrainModel::load(&model_path, config.lora.clone(), config.init_seed)?;
+    let mut run = Run::open(&a.out, config, model, a.resume)?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, stop.clone())?;
+    }
+    let show = !a.json && !global.quiet && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let bar = super::progress_bar(
+        show,
+        "{bar:30} {pos}/{len} updates  {msg}  [{elapsed_precise} < {eta_precise}]",
+    );
+    let json = a.json;
+    let mut on_event = |event: Event<'_>| match event {
+        Event::Started {
+            step,
+            total,
+            parameters,
+        } => {
+            if let Some(bar) = &bar {
+                bar.set_length(total);
+                bar.set_position(step);
+            }
+            tracing::info!(
+                "training {parameters} adapter parameters from update {step} of {total}"
+            );
+            if !json && bar.is_none() && !global.quiet {
+                eprintln!("training {parameters} adapter parameters from update {step} of {total}");
+            }
+        }
+        Event::Step(line) => {
+            let eval = line.eval.map_or(String::new(), |e| {
+                format!(
+                    "  val loss {:.3} acc {:.3} exact {:.2}",
+                    e.loss, e.token_accuracy, e.exact
+                )
+            });
+            let msg = format!(
+                "loss {:.4}  {:.0} tok/s{eval}",
+                line.loss, line.tokens_per_second
+            );
+            if json {
+                println!("{}", serde_json::to_string(line).unwrap_or_default());
+            } else if let Some(bar) = &bar {
+                bar.set_position(line.step);
+                bar.set_message(msg);
+            } else if !global.quiet {
+                eprintln!("update {}  lr {:.2e}  {msg}", line.step, line.lr);
+            }
+        }
+        Event::Checkpoint { step } => tracing::info!("checkpoint at update {step}"),
+    };
+    run.train(&data, &stop, &mut on_event)?;
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    let log = read_log(&a.out.join("train.jsonl"))?;
+    if !log.is_empty() {
+        loss_curve(&log, &a.out.join("loss.svg"))?;
+    }
+    if run.step() < run.config.steps {
+        eprintln!(
+            "stopped at update {} of {}; checkpoint saved, continue with --resume",
+            run.step(),
+            run.config.steps
+        );
+        return Ok(());
+    }
+    let adapter = a.out.join("adapter.safetensors");
+    run.export_adapter(&adapter)?;
+    let seconds: f64 = log.iter().map(|l| l.seconds).sum();
+    let tokens: usize = log.iter().map(|l| l.tokens).sum();
+    let last_eval = log.iter().rev().find_map(|l| l.eval);
+    let manifest = serde_json::json!({
+        "format": "memagent-lora-v1",
+        "base_model": model_path.file_name().map(|f| f.to_string_lossy().into_owned()),
+        "base_sha256": base_sha256,
+        "rank": run.config.lora.rank,
+        "alpha": run.config.lora.alpha,
+        "targets": run.config.lora.targets,
+        "scale_folded_into_b": true,
+        "data": run.config.data,
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "config": run.config,
+        "metrics": {
+            "updates": run.step(),
+            "training_seconds": seconds,
+            "tokens": tokens,
+            "tokens_per_second": tokens as f64 / seconds.max(1e-9),
+            "final_train_loss": log.last().map(|l| l.loss),
+            "validation": last_eval,
+        },
+    });
+    std::fs::write(
+        a.out.join("adapter.json"),
+        serde_json::to_vec_pretty(&manifest)?,
+    )?;
+    println!(
+        "adapter: {} ({} updates, {:.0} s, {:.0} tokens/s)",
+        adapter.display(),
+        run.step(),
+        seconds,
+        tokens as f64 / seconds.max(1e-9)
+    );
+    Ok(())
+}

@@ -1,0 +1,205 @@
+//! The base model for training: a GGUF file's weights dequantized to f32 and frozen,
+//! LoRA adapters on the chosen projections, and a forward pass that returns logits only
+//! where a loss is taken (the vocabulary projection is a fifth of the model's work).
+
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use memagent_engine::{Config, GgufFile};
+
+use crate::error::Result;
+use crate::lora::{Adapters, LoraConfig, Target};
+use crate::ops::{causal_softmax, rms_norm, rope, Frozen};
+
+struct Block {
+    attn_norm: Tensor,
+    /// q, k, v stacked along the output dimension.
+    wqkv: Frozen,
+    bqkv: Option<Tensor>,
+    wo: Frozen,
+    ffn_norm: Tensor,
+    /// gate, up stacked.
+    w_gate_up: Frozen,
+    w_down: Frozen,
+}
+
+/// A model being trained.
+pub struct TrainModel {
+    pub config: Config,
+    embed: Tensor,
+    blocks: Vec<Block>,
+    norm: Tensor,
+    lm_head: Frozen,
+    cos: Tensor,
+    sin: Tensor,
+    pub adapters: Adapters,
+}
+
+impl TrainModel {
+    /// Loads `path` (llama or qwen2 GGUF) and makes fresh adapters from `seed`.
+    pub fn load(path: &Path, lora: LoraConfig, seed: u64) -> Result<Self> {
+        let dev = Device::Cpu;
+        let mut gguf = GgufFile::open(path)?;
+        let config = Config::from_gguf(&gguf)?;
+        let mut dense =
+            |name: &str| -> Result<Tensor> { Ok(gguf.tensor(name, &dev)?.dequantize(&dev)?) };
+        let embed = dense("token_embd.weight")?;
+        let lm_head = if gguf_has(path, "output.weight")? {
+            dense("output.weight")?
+        } else {
+            embed.clone()
+        };
+        let norm = dense("output_norm.weight")?;
+        let mut blocks = Vec::with_capacity(config.n_layer);
+        for i in 0..config.n_layer {
+            let mut w = |n: &str| dense(&format!("blk.{i}.{n}"));
+            let q = w("attn_q.weight")?;
+            let k = w("attn_k.weight")?;
+            let v = w("attn_v.weight")?;
+            let bqkv = if config.qkv_bias {
+                Some(Tensor::cat(
+                    &[w("attn_q.bias")?, w("attn_k.bias")?, w("attn_v.bias")?],
+                    0,
+                )?)
+            } else {
+                None
+            };
+            blocks.push(Block {
+                attn_norm: w("attn_norm.weight")?,
+                wqkv: Frozen::new(Tensor::cat(&[q, k, v], 0)?),
+                bqkv,
+                wo: Frozen::new(w("attn_output.weight")?),
+                ffn_norm: w("ffn_norm.weight")?,
+                w_gate_up: Frozen::new(Tensor::cat(
+                    &[w("ffn_gate.weight")?, w("ffn_up.weight")?],
+                    0,
+                )?),
+                w_down: Frozen::new(w("ffn_down.weight")?),
+            });
+        }
+        let (cos, sin) = rope_tables(&config, &dev)?;
+        let (d, ff) = (config.n_embd, config.n_ff);
+        let (nq, nkv) = (
+            config.n_head * config.head_dim,
+            config.n_kv_head * config.head_dim,
+        );
+        let adapters = Adapters::new(
+            lora,
+            config.n_layer,
+            |t| match t {
+                Target::Q => (d, nq),
+                Target::K | Target::V => (d, nkv),
+                Target::O => (nq, d),
+                Target::Gate | Target::Up => (d, ff),
+                Target::Down => (ff, d),
+            },
+            seed,
+        )?;
+        Ok(Self {
+            config,
+            embed,
+            blocks,
+            norm,
+            lm_head: Frozen::new(lm_head),
+            cos,
+            sin,
+            adapters,
+        })
+    }
+
+    /// Logits (positions.len(), vocab) predicting the token after each of `positions`
+    /// of the sequence `ids`.
+    pub fn forward(&self, ids: &[u32], positions: &[usize]) -> Result<Tensor> {
+        let cfg = &self.config;
+        let t = ids.len();
+        let dev = Device::Cpu;
+        let ids_t = Tensor::from_slice(ids, t, &dev)?;
+        let mut x = self.embed.index_select(&ids_t, 0)?; // (t, d)
+        let cos = self.cos.narrow(0, 0, t)?;
+        let sin = self.sin.narrow(0, 0, t)?;
+        let (nq, nkv, hd) = (
+            cfg.n_head * cfg.head_dim,
+            cfg.n_kv_head * cfg.head_dim,
+            cfg.head_dim,
+        );
+        let group = cfg.n_head / cfg.n_kv_head;
+        let scale = 1.0 / (hd as f32).sqrt();
+        for (i, block) in self.blocks.iter().enumerate() {
+            let lora = |target: Target, h: &Tensor, y: Tensor| -> Result<Tensor> {
+                Ok(match self.adapters.get(i, target) {
+                    Some(l) => (y + l.forward(h)?)?,
+                    None => y,
+                })
+            };
+            let h = rms_norm(&x, &block.attn_norm, cfg.rms_eps)?;
+            let mut qkv = block.wqkv.forward(&h)?;
+            if let Some(b) = &block.bqkv {
+                qkv = qkv.broadcast_add(b)?;
+            }
+            let q = lora(Target::Q, &h, qkv.narrow(1, 0, nq)?)?;
+            let k = lora(Target::K, &h, qkv.narrow(1, nq, nkv)?)?;
+            let v = lora(Target::V, &h, qkv.narrow(1, nq + nkv, nkv)?)?;
+            let heads = |x: Tensor, n: usize| -> Result<Tensor> {
+                Ok(x.reshape((1, t, n, hd))?.transpose(1, 2)?.contiguous()?)
+            };
+            let q = rope(&heads(q, cfg.n_head)?, &cos, &sin, cfg.rope_interleaved)?;
+            let k = rope(&heads(k, cfg.n_kv_head)?, &cos, &sin, cfg.rope_interleaved)?;
+            let v = heads(v, cfg.n_kv_head)?;
+            // Query heads sharing a key/value head are stacked as rows: (1, kv, g·t, hd).
+            let q = q.reshape((1, cfg.n_kv_head, group * t, hd))?;
+            let probs = causal_softmax(&q.matmul(&k.t()?)?, scale)?;
+            let y = probs
+                .matmul(&v)?
+                .reshape((1, cfg.n_head, t, hd))?
+                .transpose(1, 2)?
+                .reshape((t, nq))?;
+            x = (&x + lora(Target::O, &y, block.wo.forward(&y)?)?)?;
+            let h = rms_norm(&x, &block.ffn_norm, cfg.rms_eps)?;
+            let gu = block.w_gate_up.forward(&h)?;
+            let gate = lora(Target::Gate, &h, gu.narrow(1, 0, cfg.n_ff)?)?;
+            let up = lora(Target::Up, &h, gu.narrow(1, cfg.n_ff, cfg.n_ff)?)?;
+            let ff = (gate.silu()? * up)?;
+            x = (&x + lora(Target::Down, &ff, block.w_down.forward(&ff)?)?)?;
+        }
+        let at = Tensor::from_vec(
+            positions.iter().map(|&p| p as u32).collect::<Vec<_>>(),
+            positions.len(),
+            &dev,
+        )?;
+        let h = rms_norm(&x.index_select(&at, 0)?, &self.norm, cfg.rms_eps)?;
+        Ok(self.lm_head.forward(&h)?)
+    }
+
+    /// The merged weight of one projection (for export and checks): W + scale · B A.
+    pub fn frozen_weight(&self, layer: usize, target: Target) -> Result<Tensor> {
+        let cfg = &self.config;
+        let (nq, nkv) = (cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim);
+        let b = &self.blocks[layer];
+        Ok(match target {
+            Target::Q => b.wqkv.weight().narrow(0, 0, nq)?,
+            Target::K => b.wqkv.weight().narrow(0, nq, nkv)?,
+            Target::V => b.wqkv.weight().narrow(0, nq + nkv, nkv)?,
+            Target::O => b.wo.weight().clone(),
+            Target::Gate => b.w_gate_up.weight().narrow(0, 0, cfg.n_ff)?,
+            Target::Up => b.w_gate_up.weight().narrow(0, cfg.n_ff, cfg.n_ff)?,
+            Target::Down => b.w_down.weight().clone(),
+        })
+    }
+}
+
+fn gguf_has(path: &Path, name: &str) -> Result<bool> {
+    Ok(GgufFile::open(path)?.has_tensor(name))
+}
+
+fn rope_tables(cfg: &Config, device: &Device) -> Result<(Tensor, Tensor)> {
+    let half = cfg.head_dim / 2;
+    let inv: Vec<f32> = (0..half)
+        .map(|i| 1.0 / cfg.rope_theta.powf(2.0 * i as f32 / cfg.head_dim as f32))
+        .collect();
+    let n = cfg.context_length;
+    let angles: Vec<f32> = (0..n)
+        .flat_map(|p| inv.iter().map(move |f| p as f32 * f))
+        .collect();
+    let angles = Tensor::from_vec(angles, (n, half), device)?;
+    Ok((angles.cos()?, angles.sin()?.to_dtype(DType::F32)?))
+}
