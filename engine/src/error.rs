@@ -51,6 +51,8 @@ pub enum Error {
         status: u16,
         message: String,
     },
+    #[error("adapter {path}: {message}")]
+    Adapter { path: PathBuf, message: String },
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }

@@ -22,6 +22,9 @@ pub struct LoadOptions {
     pub weights: WeightPlan,
     /// A tokenizer (`tokenizer.json`, or another GGUF file) to use instead of the file's own.
     pub tokenizer: Option<PathBuf>,
+    /// A LoRA adapter (`memctl train`) merged into the weights at load; its recorded
+    /// base sha256 must match the model file.
+    pub adapter: Option<PathBuf>,
 }
 
 impl Default for LoadOptions {
@@ -32,6 +35,7 @@ impl Default for LoadOptions {
                 dense_prefill: true,
             },
             tokenizer: None,
+            adapter: None,
         }
     }
 }
@@ -44,6 +48,9 @@ pub struct GenerateOptions {
     /// Stop when the last this many generated tokens already occurred earlier in the
     /// reply (a degenerate loop), dropping the repeated tail. `None` never stops early.
     pub stop_on_repeat: Option<usize>,
+    /// Stop when a completed line of the reply repeats an earlier line (list numbering
+    /// ignored), dropping that line: loops of numbered copies escape the token check.
+    pub stop_on_repeated_line: bool,
 }
 
 impl Default for GenerateOptions {
@@ -52,6 +59,7 @@ impl Default for GenerateOptions {
             max_new_tokens: 256,
             sampling: SamplingParams::default(),
             stop_on_repeat: None,
+            stop_on_repeated_line: false,
         }
     }
 }
@@ -178,7 +186,26 @@ impl LocalModel {
             });
         let parameters = gguf.tensor_sizes().map(|(_, n)| n).sum();
         tracing::debug!(?config, "loading {}", path.display());
-        let transformer = Transformer::load(&mut gguf, config, options.weights, &options.device)?;
+        let adapter = match &options.adapter {
+            Some(file) => {
+                let adapter = crate::adapter::Adapter::load(file)?;
+                adapter.check_base(path, &crate::gguf::sha256_file(path)?)?;
+                tracing::info!(
+                    "merging adapter {} ({} projections)",
+                    file.display(),
+                    adapter.len()
+                );
+                Some(adapter)
+            }
+            None => None,
+        };
+        let transformer = Transformer::load(
+            &mut gguf,
+            config,
+            options.weights,
+            adapter.as_ref(),
+            &options.device,
+        )?;
         Ok(Self {
             path: path.to_path_buf(),
             name,
@@ -284,6 +311,24 @@ impl LocalModel {
                     generated.truncate(keep);
                     stop_reason = StopReason::Repetition;
                     break;
+                }
+                if options.stop_on_repeated_line
+                    && self
+                        .tokenizer
+                        .token_text(next)
+                        .is_some_and(|t| t.contains('\n') || t.contains('Ċ'))
+                {
+                    let text = self.tokenizer.decode(&generated)?;
+                    if let Some(keep) = crate::agent::hygiene::repeated_last_line(&text) {
+                        // Keep the tokens that decode within the kept prefix.
+                        let mut n = generated.len();
+                        while n > 0 && self.tokenizer.decode(&generated[..n])?.len() > keep {
+                            n -= 1;
+                        }
+                        generated.truncate(n);
+                        stop_reason = StopReason::Repetition;
+                        break;
+                    }
                 }
                 if generated.len() >= options.max_new_tokens {
                     break;

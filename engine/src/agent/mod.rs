@@ -7,6 +7,7 @@
 //! memories between steps can drive it chunk by chunk.
 
 mod backend;
+pub mod hygiene;
 mod protocol;
 mod remote;
 
@@ -21,7 +22,7 @@ use crate::sampling::SamplingParams;
 pub use backend::{Backend, Completion, TextTokenizer};
 pub use protocol::{
     extract_answer, memory_text, FinalForm, Template, DIRECT_BOXED, DIRECT_EVAL, FINAL_BOXED,
-    FINAL_EVAL, NO_MEMORY, UPDATE,
+    FINAL_EVAL, GENERAL_ANSWER, GENERAL_UPDATE, NO_MEMORY, UPDATE,
 };
 pub use remote::{OpenAiBackend, RemoteOptions, RemoteTokenizer};
 
@@ -116,6 +117,10 @@ pub struct StepReport {
     pub stop_reason: StopReason,
     pub seconds: f64,
     pub memory: String,
+    /// What memory hygiene changed (repeated lines dropped, or the previous memory kept
+    /// because the reply was empty or echoed the instructions); absent when nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repaired: Option<String>,
 }
 
 /// The answer of a final (or direct) step.
@@ -219,6 +224,7 @@ impl<'a> MemoryAgent<'a> {
             max_new_tokens,
             sampling: self.sampling,
             stop_on_repeat: self.repeat_guard,
+            stop_on_repeated_line: self.repeat_guard.is_some(),
         }
     }
 
@@ -301,7 +307,7 @@ impl<'a> MemoryAgent<'a> {
         let reply = self
             .backend
             .complete(&message, &self.options(self.profile.memory_tokens))?;
-        let mut memory = memory_text(&reply.text).to_string();
+        let (mut memory, repaired) = hygiene::clean(memory_text(&reply.text), memory, template);
         let mut ids = self.tokenizer.encode(&memory)?;
         let mut cut = reply.stop_reason == StopReason::MaxTokens;
         if ids.len() > self.profile.memory_tokens {
@@ -319,6 +325,7 @@ impl<'a> MemoryAgent<'a> {
             stop_reason: reply.stop_reason,
             seconds: start.elapsed().as_secs_f64(),
             memory,
+            repaired,
         })
     }
 

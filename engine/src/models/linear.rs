@@ -54,6 +54,30 @@ impl Linear {
         })
     }
 
+    /// A layer from f32 weights (an adapter merged in): dense for prefill, Q8_0 for
+    /// decode (its rounding step is 1/17 of Q4_1's, so the merged update survives).
+    pub(crate) fn from_dense(
+        weight: Tensor,
+        bias: Option<Tensor>,
+        plan: WeightPlan,
+        device: &Device,
+    ) -> Result<Self> {
+        let row = weight.dims().last().copied().unwrap_or(0);
+        let dtype = if row % 32 == 0 {
+            GgmlDType::Q8_0
+        } else {
+            GgmlDType::F32
+        };
+        let quantized =
+            Quantized::Candle(QMatMul::from_qtensor(QTensor::quantize(&weight, dtype)?)?);
+        let dense = (plan.dense_prefill && device.is_cpu()).then_some(weight);
+        Ok(Self {
+            quantized,
+            dense,
+            bias,
+        })
+    }
+
     /// One layer computing several projections of the same input: the weights are stacked
     /// along the output dimension, so one matmul (and one pass over the input) serves all.
     pub(crate) fn fused(

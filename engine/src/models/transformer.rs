@@ -95,6 +95,7 @@ impl Transformer {
         gguf: &mut GgufFile,
         config: Config,
         plan: WeightPlan,
+        adapter: Option<&crate::adapter::Adapter>,
         device: &Device,
     ) -> Result<Self> {
         let embed = Arc::new(gguf.tensor("token_embd.weight", device)?);
@@ -139,14 +140,55 @@ impl Transformer {
             ];
             let gate_up = vec![(weight("ffn_gate")?, None), (weight("ffn_up")?, None)];
             let (wo, w_down) = (weight("attn_output")?, weight("ffn_down")?);
-            blocks.push(Block {
-                attn_norm,
-                wqkv: Linear::fused(qkv, plan, device)?,
-                wo: Linear::new(wo, None, plan, device)?,
-                ffn_norm,
-                w_gate_up: Linear::fused(gate_up, plan, device)?,
-                w_down: Linear::new(w_down, None, plan, device)?,
-            });
+            let block = match adapter {
+                None => Block {
+                    attn_norm,
+                    wqkv: Linear::fused(qkv, plan, device)?,
+                    wo: Linear::new(wo, None, plan, device)?,
+                    ffn_norm,
+                    w_gate_up: Linear::fused(gate_up, plan, device)?,
+                    w_down: Linear::new(w_down, None, plan, device)?,
+                },
+                Some(adapter) => {
+                    // W + B A in f32, then the usual dense/quantized pair from it.
+                    let merged =
+                        |parts: Vec<(QTensor, Option<Tensor>)>, names: &[&str]| -> Result<Linear> {
+                            let mut dense = Vec::new();
+                            let mut biases = Vec::new();
+                            for ((w, b), name) in parts.into_iter().zip(names) {
+                                let mut w = w.dequantize(device)?;
+                                if let Some(delta) = adapter.delta(i, name, device)? {
+                                    w = (w + delta)?;
+                                }
+                                biases.push(b);
+                                dense.push(w);
+                            }
+                            let bias = if biases.iter().any(Option::is_some) {
+                                let parts = biases
+                                    .into_iter()
+                                    .zip(&dense)
+                                    .map(|(b, w)| match b {
+                                        Some(b) => Ok(b),
+                                        None => Ok(Tensor::zeros(w.dim(0)?, DType::F32, device)?),
+                                    })
+                                    .collect::<Result<Vec<_>>>()?;
+                                Some(Tensor::cat(&parts, 0)?)
+                            } else {
+                                None
+                            };
+                            Linear::from_dense(Tensor::cat(&dense, 0)?, bias, plan, device)
+                        };
+                    Block {
+                        attn_norm,
+                        wqkv: merged(qkv, &["attn_q", "attn_k", "attn_v"])?,
+                        wo: merged(vec![(wo, None)], &["attn_output"])?,
+                        ffn_norm,
+                        w_gate_up: merged(gate_up, &["ffn_gate", "ffn_up"])?,
+                        w_down: merged(vec![(w_down, None)], &["ffn_down"])?,
+                    }
+                }
+            };
+            blocks.push(block);
         }
         let (cos, sin) = rope_tables(&config, device)?;
         Ok(Self {
