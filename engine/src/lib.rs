@@ -36,6 +36,6 @@ pub use gguf::{sha256_file, GgufFile};
 pub use model::{
     GenerateOptions, Generation, LoadOptions, LocalModel, ModelInfo, StopReason, WeightPlan,
 };
-pub use models::{Architecture, Config, KvCache, Transformer};
+pub use models::{rope_tables, Architecture, Config, KvCache, Transformer};
 pub use sampling::{argmax, SamplingParams};
 pub use tokenizer::Tokenizer;

@@ -39,6 +39,17 @@ pub enum Split {
     Validation,
 }
 
+/// The question-mode families, drawn uniformly.
+pub const QUESTION_FAMILIES: [&str; 7] = [
+    "single",
+    "multikey",
+    "multivalue",
+    "multiquery",
+    "update",
+    "multihop",
+    "vt",
+];
+
 /// The memory of a question-mode trajectory before anything relevant was read.
 pub const NOTHING_YET: &str = "No relevant information so far.";
 
@@ -715,16 +726,7 @@ fn question(
     let n_chunks = rng.random_range(1..=4usize);
     let kind = *p.kinds.choose(rng).expect("kinds");
     let at = |rng: &mut StdRng| rng.random_range(0..n_chunks);
-    let families = [
-        "single",
-        "multikey",
-        "multivalue",
-        "multiquery",
-        "update",
-        "multihop",
-        "vt",
-    ];
-    let family = *families.choose(rng).expect("families");
+    let family = *QUESTION_FAMILIES.choose(rng).expect("families");
     let mut plants: Vec<Plant> = Vec::new();
     let fact = |key: &str, value: &str, rng: &mut StdRng| {
         fill(

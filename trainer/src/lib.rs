@@ -6,13 +6,14 @@
 //!
 //! ```no_run
 //! use std::sync::atomic::AtomicBool;
-//! use memagent_trainer::{LoraConfig, Run, TrainConfig, TrainModel};
-//! # fn data() -> Box<dyn memagent_trainer::Examples> { unimplemented!() }
+//! use memagent_trainer::{Examples, LoraConfig, Run, TrainConfig, TrainModel};
 //!
-//! let model = TrainModel::load("models/SmolLM2-135M-Instruct.Q4_1.gguf".as_ref(), LoraConfig::default(), 7)?;
-//! let mut run = Run::open("runs/first".as_ref(), TrainConfig::default(), model, false)?;
-//! run.train(data().as_ref(), &AtomicBool::new(false), &mut |_| {})?;
-//! # Ok::<(), memagent_trainer::Error>(())
+//! // `data`: a `TaskData` (generated trajectories), or any other source of examples.
+//! fn train(data: &dyn Examples) -> memagent_trainer::Result<()> {
+//!     let model = TrainModel::load("models/SmolLM2-135M-Instruct.Q4_1.gguf".as_ref(), LoraConfig::default(), 7)?;
+//!     let mut run = Run::open("runs/first".as_ref(), TrainConfig::default(), model, false)?;
+//!     run.train(data, &AtomicBool::new(false), &mut |_| {})
+//! }
 //! ```
 
 mod data;

@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
-use memagent_engine::{Config, GgufFile};
+use candle_core::{Device, Tensor};
+use memagent_engine::{rope_tables, Config, GgufFile};
 
 use crate::error::Result;
 use crate::lora::{Adapters, LoraConfig, Target};
@@ -41,13 +41,14 @@ impl TrainModel {
         let dev = Device::Cpu;
         let mut gguf = GgufFile::open(path)?;
         let config = Config::from_gguf(&gguf)?;
+        let tied = !gguf.has_tensor("output.weight");
         let mut dense =
             |name: &str| -> Result<Tensor> { Ok(gguf.tensor(name, &dev)?.dequantize(&dev)?) };
         let embed = dense("token_embd.weight")?;
-        let lm_head = if gguf_has(path, "output.weight")? {
-            dense("output.weight")?
-        } else {
+        let lm_head = if tied {
             embed.clone()
+        } else {
+            dense("output.weight")?
         };
         let norm = dense("output_norm.weight")?;
         let mut blocks = Vec::with_capacity(config.n_layer);
@@ -185,21 +186,4 @@ impl TrainModel {
             Target::Down => b.w_down.weight().clone(),
         })
     }
-}
-
-fn gguf_has(path: &Path, name: &str) -> Result<bool> {
-    Ok(GgufFile::open(path)?.has_tensor(name))
-}
-
-fn rope_tables(cfg: &Config, device: &Device) -> Result<(Tensor, Tensor)> {
-    let half = cfg.head_dim / 2;
-    let inv: Vec<f32> = (0..half)
-        .map(|i| 1.0 / cfg.rope_theta.powf(2.0 * i as f32 / cfg.head_dim as f32))
-        .collect();
-    let n = cfg.context_length;
-    let angles: Vec<f32> = (0..n)
-        .flat_map(|p| inv.iter().map(move |f| p as f32 * f))
-        .collect();
-    let angles = Tensor::from_vec(angles, (n, half), device)?;
-    Ok((angles.cos()?, angles.sin()?.to_dtype(DType::F32)?))
 }

@@ -9,7 +9,7 @@ mod qwen2;
 mod transformer;
 
 pub use linear::WeightPlan;
-pub use transformer::{KvCache, Transformer};
+pub use transformer::{rope_tables, KvCache, Transformer};
 
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;

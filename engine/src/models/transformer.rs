@@ -374,8 +374,9 @@ impl candle_core::InplaceOp1 for RoundF16 {
     }
 }
 
-/// Cosine and sine tables for every position of the model's context.
-fn rope_tables(cfg: &Config, device: &Device) -> Result<(Tensor, Tensor)> {
+/// Cosine and sine tables (positions, head_dim / 2) for every position of the model's
+/// context (the trainer's forward pass uses the same tables).
+pub fn rope_tables(cfg: &Config, device: &Device) -> Result<(Tensor, Tensor)> {
     let half = cfg.head_dim / 2;
     let inv_freq: Vec<f32> = (0..half)
         .map(|i| 1.0 / cfg.rope_theta.powf(2.0 * i as f32 / cfg.head_dim as f32))

@@ -3,7 +3,9 @@
 //! memory, and validation patterns absent from the training split.
 
 use memagent_engine::{GgufFile, Tokenizer};
-use memagent_tasks::training::{patterns, trajectory, DataConfig, Fillers, Mode, Split};
+use memagent_tasks::training::{
+    patterns, trajectory, DataConfig, Fillers, Mode, Split, QUESTION_FAMILIES,
+};
 
 use crate::support;
 
@@ -75,15 +77,7 @@ fn trajectories_keep_planted_facts_and_never_distractors() {
             assert!(e.last().unwrap().target.contains(&t.expected[0]) || t.mode == Mode::General);
         }
     }
-    for f in [
-        "single",
-        "multikey",
-        "multivalue",
-        "multiquery",
-        "update",
-        "multihop",
-        "vt",
-    ] {
+    for f in QUESTION_FAMILIES {
         assert!(families.contains(f), "family {f} generated");
     }
 }
