@@ -33,7 +33,9 @@ pub struct GlobalArgs {
 
     /// LoRA adapter merged into the model at load (`memctl train`'s adapter.safetensors,
     /// with its adapter.json beside it), or `none` for the base model; an adapter trained
-    /// on another base model is refused
+    /// on another base model is refused. Unset: the model's default adapter,
+    /// <model stem>.adapter.safetensors beside the model file, when it was trained on
+    /// that exact file
     #[arg(
         long,
         global = true,
@@ -232,6 +234,10 @@ pub struct TrainRunArgs {
     /// Seed of the adapters' initial values
     #[arg(long, default_value_t = 7)]
     pub init_seed: u64,
+    /// Start from the adapter of an earlier run (its checkpoint.safetensors or
+    /// adapter.safetensors; same rank and targets) instead of fresh values
+    #[arg(long, value_name = "FILE")]
+    pub init_from: Option<PathBuf>,
     /// Checkpoint every this many updates
     #[arg(long, default_value_t = 10)]
     pub checkpoint_every: u64,
@@ -559,6 +565,34 @@ pub enum ModelCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Write the model with its adapter merged in as a GGUF file, for llama.cpp, vLLM or
+    /// any server that loads GGUF (then used with --backend openai)
+    #[command(
+        after_help = "Example:\n  memctl --adapter runs/my-run/adapter.safetensors model export --out tuned.gguf"
+    )]
+    Export(ModelExportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ModelExportArgs {
+    /// The GGUF file to write
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+    /// Storage type of the adapted projections (the others keep theirs): q8_0 keeps the
+    /// update that a 4-bit type would round away
+    #[arg(long = "type", value_enum, default_value_t = ExportType::Q8_0)]
+    pub dtype: ExportType,
+    /// Print the result as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum ExportType {
+    #[value(name = "q8_0")]
+    Q8_0,
+    F16,
+    F32,
 }
 
 #[derive(Debug, Args)]

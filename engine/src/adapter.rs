@@ -2,14 +2,73 @@
 //! `.lora_b` (out, r) with the scale folded into B, in a safetensors file beside a JSON
 //! manifest (`adapter.json`) that records the base model's sha256. Merged into the
 //! weights once at load: W' = W + B A.
+//!
+//! A model's default adapter lies beside it as `<model stem>.adapter.safetensors` (with
+//! `<model stem>.adapter.json`); it is applied when nothing else is chosen and the model
+//! file is the exact base it was trained on. [`export_merged`] writes the merged model as
+//! a GGUF file that other servers load.
 
 use std::collections::HashMap;
+use std::fs::File;
+use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
+use candle_core::quantized::gguf_file::Value;
+use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+use crate::gguf::{sha256_file, GgufFile};
+
+/// Which adapter a model is loaded with.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum AdapterChoice {
+    /// The model file's weights as they are.
+    #[default]
+    None,
+    /// This adapter; an error if it was trained on another base model.
+    File(PathBuf),
+    /// The model's default adapter ([`default_adapter_path`]) when there is one for this
+    /// exact model file; the base model otherwise.
+    Default,
+}
+
+/// Where a model's default adapter lies: `<model stem>.adapter.safetensors` beside it.
+pub fn default_adapter_path(model: &Path) -> PathBuf {
+    model.with_extension("adapter.safetensors")
+}
+
+/// The adapter `choice` resolves to for `model` (whose sha256 is computed only when an
+/// adapter is found). A default adapter for another base model is skipped with a warning.
+pub fn resolve(model: &Path, choice: &AdapterChoice) -> Result<Option<Adapter>> {
+    match choice {
+        AdapterChoice::None => Ok(None),
+        AdapterChoice::File(file) => {
+            let adapter = Adapter::load(file)?;
+            adapter.check_base(model, &sha256_file(model)?)?;
+            Ok(Some(adapter))
+        }
+        AdapterChoice::Default => {
+            let file = default_adapter_path(model);
+            if !file.is_file() {
+                return Ok(None);
+            }
+            let adapter = Adapter::load(&file)?;
+            let sha = sha256_file(model)?;
+            if adapter.manifest.base_sha256 != sha {
+                tracing::warn!(
+                    "default adapter {} was trained on a base model with sha256 {}, not this \
+                     model file ({sha}): loading the base model",
+                    file.display(),
+                    adapter.manifest.base_sha256
+                );
+                return Ok(None);
+            }
+            Ok(Some(adapter))
+        }
+    }
+}
 
 /// What the manifest must say (other keys are kept for people).
 #[derive(Debug, Clone, Deserialize)]
@@ -79,6 +138,23 @@ impl Adapter {
         self.tensors.is_empty()
     }
 
+    /// The merged weight W + B A of tensor `name` (`blk.N.<projection>.weight`), if
+    /// the adapter changes it.
+    pub fn merged(&self, name: &str, weight: &QTensor, device: &Device) -> Result<Option<Tensor>> {
+        let Some((layer, projection)) = name
+            .strip_prefix("blk.")
+            .and_then(|rest| rest.strip_suffix(".weight"))
+            .and_then(|rest| rest.split_once('.'))
+            .and_then(|(layer, projection)| Some((layer.parse::<usize>().ok()?, projection)))
+        else {
+            return Ok(None);
+        };
+        match self.delta(layer, projection, device)? {
+            Some(delta) => Ok(Some((weight.dequantize(device)? + delta)?)),
+            None => Ok(None),
+        }
+    }
+
     /// The weight update B A (out, in) of `blk.{layer}.{name}`, if adapted.
     pub fn delta(&self, layer: usize, name: &str, device: &Device) -> Result<Option<Tensor>> {
         let a = self.tensors.get(&format!("blk.{layer}.{name}.lora_a"));
@@ -96,4 +172,106 @@ impl Adapter {
             }),
         }
     }
+}
+
+/// What [`export_merged`] wrote.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ExportReport {
+    pub path: PathBuf,
+    pub tensors: usize,
+    /// Tensors the adapter changed (stored as `dtype`).
+    pub merged: usize,
+    pub dtype: String,
+    pub bytes: u64,
+}
+
+/// Writes `base` with `adapter` merged into it as a GGUF file at `out`: the adapted
+/// projections as `dtype` (Q8_0 keeps the update that a 4-bit type would round away),
+/// every other tensor and all metadata as they are, plus `memagent.adapter.*` keys. The
+/// file is written beside `out` and renamed into place.
+pub fn export_merged(
+    base: &Path,
+    adapter: &Adapter,
+    out: &Path,
+    dtype: GgmlDType,
+) -> Result<ExportReport> {
+    let dev = Device::Cpu;
+    adapter.check_base(base, &sha256_file(base)?)?;
+    let mut gguf = GgufFile::open(base)?;
+    let alignment = match gguf.get("general.alignment") {
+        Some(v) => v.to_u32().ok(),
+        None => Some(32),
+    };
+    if alignment != Some(32) {
+        return Err(gguf.gguf_error(format!(
+            "general.alignment is {alignment:?}; only 32-byte aligned files can be exported"
+        )));
+    }
+    let names = gguf.tensor_names_in_file_order();
+    let mut tensors: Vec<(String, QTensor)> = Vec::with_capacity(names.len());
+    let mut merged = 0;
+    for name in names {
+        let q = gguf.tensor(&name, &dev)?;
+        let q = match adapter.merged(&name, &q, &dev)? {
+            Some(w) => {
+                merged += 1;
+                let row = w.dims().last().copied().unwrap_or(0);
+                let block = dtype.block_size();
+                let t = if row % block == 0 {
+                    dtype
+                } else {
+                    GgmlDType::F32
+                };
+                QTensor::quantize(&w, t)?
+            }
+            None => q,
+        };
+        tensors.push((name, q));
+    }
+    if merged != adapter.len() {
+        return Err(Error::Adapter {
+            path: adapter.path.clone(),
+            message: format!(
+                "{} projections are adapted but {merged} of them were found in {}",
+                adapter.len(),
+                base.display()
+            ),
+        });
+    }
+    let adapter_sha = sha256_file(&adapter.path)?;
+    let mut metadata: Vec<(String, Value)> = gguf
+        .metadata()
+        .iter()
+        .filter(|(k, _)| !k.starts_with("memagent.adapter."))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    metadata.sort_by(|a, b| a.0.cmp(&b.0));
+    metadata.push(("memagent.adapter.sha256".into(), Value::String(adapter_sha)));
+    metadata.push((
+        "memagent.adapter.base_sha256".into(),
+        Value::String(adapter.manifest.base_sha256.clone()),
+    ));
+    let write_err = |source: std::io::Error| Error::Io {
+        path: out.to_path_buf(),
+        source,
+    };
+    let tmp = out.with_extension("gguf.tmp");
+    {
+        let file = File::create(&tmp).map_err(write_err)?;
+        let mut w = BufWriter::new(file);
+        let meta: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        candle_core::quantized::gguf_file::write(&mut w, &meta, &ts)?;
+        let file = w.into_inner().map_err(|e| write_err(e.into_error()))?;
+        file.sync_all().map_err(write_err)?;
+    }
+    std::fs::rename(&tmp, out).map_err(write_err)?;
+    let bytes = std::fs::metadata(out).map_err(write_err)?.len();
+    Ok(ExportReport {
+        path: out.to_path_buf(),
+        tensors: tensors.len(),
+        merged,
+        dtype: format!("{dtype:?}"),
+        bytes,
+    })
 }

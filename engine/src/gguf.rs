@@ -57,6 +57,18 @@ impl GgufFile {
             .map(|(name, info)| (name.as_str(), info.shape.elem_count()))
     }
 
+    /// Tensor names in the order their data lies in the file.
+    pub fn tensor_names_in_file_order(&self) -> Vec<String> {
+        let mut infos: Vec<(&String, u64)> = self
+            .content
+            .tensor_infos
+            .iter()
+            .map(|(name, info)| (name, info.offset))
+            .collect();
+        infos.sort_by_key(|(_, offset)| *offset);
+        infos.into_iter().map(|(name, _)| name.clone()).collect()
+    }
+
     /// Count of tensors per storage type, e.g. `Q4_1: 210`.
     pub fn tensor_types(&self) -> Vec<(String, usize)> {
         let mut counts: HashMap<String, usize> = HashMap::new();

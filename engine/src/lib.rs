@@ -28,7 +28,11 @@ mod sampling;
 pub mod testing;
 mod tokenizer;
 
-pub use adapter::{Adapter, AdapterManifest};
+pub use adapter::{
+    default_adapter_path, export_merged, resolve as resolve_adapter, Adapter, AdapterChoice,
+    AdapterManifest, ExportReport,
+};
+pub use candle_core::quantized::GgmlDType;
 pub use chat::{ChatTemplate, Message};
 pub use device::open_device;
 pub use error::{Error, Result};

@@ -6,6 +6,7 @@ use std::time::Instant;
 use candle_core::Device;
 use serde::Serialize;
 
+use crate::adapter::AdapterChoice;
 use crate::chat::{ChatTemplate, Message};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -22,9 +23,8 @@ pub struct LoadOptions {
     pub weights: WeightPlan,
     /// A tokenizer (`tokenizer.json`, or another GGUF file) to use instead of the file's own.
     pub tokenizer: Option<PathBuf>,
-    /// A LoRA adapter (`memctl train`) merged into the weights at load; its recorded
-    /// base sha256 must match the model file.
-    pub adapter: Option<PathBuf>,
+    /// A LoRA adapter (`memctl train`) merged into the weights at load.
+    pub adapter: AdapterChoice,
 }
 
 impl Default for LoadOptions {
@@ -35,7 +35,7 @@ impl Default for LoadOptions {
                 dense_prefill: true,
             },
             tokenizer: None,
-            adapter: None,
+            adapter: AdapterChoice::None,
         }
     }
 }
@@ -159,6 +159,7 @@ pub struct LocalModel {
     tokenizer: Tokenizer,
     template: ChatTemplate,
     transformer: Transformer,
+    adapter: Option<PathBuf>,
 }
 
 impl LocalModel {
@@ -186,19 +187,14 @@ impl LocalModel {
             });
         let parameters = gguf.tensor_sizes().map(|(_, n)| n).sum();
         tracing::debug!(?config, "loading {}", path.display());
-        let adapter = match &options.adapter {
-            Some(file) => {
-                let adapter = crate::adapter::Adapter::load(file)?;
-                adapter.check_base(path, &crate::gguf::sha256_file(path)?)?;
-                tracing::info!(
-                    "merging adapter {} ({} projections)",
-                    file.display(),
-                    adapter.len()
-                );
-                Some(adapter)
-            }
-            None => None,
-        };
+        let adapter = crate::adapter::resolve(path, &options.adapter)?;
+        if let Some(adapter) = &adapter {
+            tracing::info!(
+                "merging adapter {} ({} projections)",
+                adapter.path.display(),
+                adapter.len()
+            );
+        }
         let transformer = Transformer::load(
             &mut gguf,
             config,
@@ -213,6 +209,7 @@ impl LocalModel {
             tokenizer,
             template,
             transformer,
+            adapter: adapter.map(|a| a.path),
         })
     }
 
@@ -222,6 +219,11 @@ impl LocalModel {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The adapter merged into the weights, if any.
+    pub fn adapter(&self) -> Option<&Path> {
+        self.adapter.as_deref()
     }
 
     /// Number of weights in the file.

@@ -59,6 +59,10 @@ pub struct TrainConfig {
     pub init_seed: u64,
     /// Free-form description of the data (seed, sizes), recorded with the adapter.
     pub data: serde_json::Value,
+    /// Start from the adapter values of an earlier run (its checkpoint.safetensors or
+    /// adapter.safetensors; same rank and targets) instead of fresh ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<PathBuf>,
 }
 
 impl Default for TrainConfig {
@@ -77,6 +81,7 @@ impl Default for TrainConfig {
             eval_examples: 24,
             init_seed: 7,
             data: serde_json::Value::Null,
+            init_from: None,
         }
     }
 }
@@ -179,6 +184,9 @@ impl Run {
                 )));
             }
             let _ = fs::remove_file(dir.join(LOG));
+            if let Some(from) = &config.init_from {
+                warm_start(from, &vars, config.lora.scale())?;
+            }
             write_atomic(
                 &config_path,
                 &serde_json::to_vec_pretty(&config).expect("serializable"),
@@ -378,6 +386,39 @@ impl Run {
         candle_core::safetensors::save(&tensors, path)?;
         Ok(())
     }
+}
+
+/// Sets `vars` from an earlier run's checkpoint (raw values) or shipped adapter (B holds
+/// the scale, which is divided out again).
+fn warm_start(from: &Path, vars: &[(String, Var)], scale: f64) -> Result<()> {
+    let tensors = candle_core::safetensors::load(from, &Device::Cpu)?;
+    let shipped = !tensors.contains_key("adam.step");
+    for (name, var) in vars {
+        let t = tensors.get(name).ok_or_else(|| Error::Checkpoint {
+            path: from.to_path_buf(),
+            message: format!(
+                "tensor `{name}` is missing: start from a run with the same rank and targets"
+            ),
+        })?;
+        if t.dims() != var.dims() {
+            return Err(Error::Checkpoint {
+                path: from.to_path_buf(),
+                message: format!(
+                    "tensor `{name}` is {:?} where this run needs {:?}: start from a run with the same rank",
+                    t.dims(),
+                    var.dims()
+                ),
+            });
+        }
+        let t = t.to_dtype(DType::F32)?;
+        let t = if shipped && name.ends_with(".lora_b") {
+            (t / scale)?
+        } else {
+            t
+        };
+        var.set(&t)?;
+    }
+    Ok(())
 }
 
 /// Drops log lines past `step` (written after the checkpoint a resumed run starts from).

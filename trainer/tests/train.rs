@@ -1,14 +1,20 @@
 //! The trainer on a tiny random-weight model (the engine's test loader): the loss falls
 //! on a fixed batch, LoRA gradients match finite differences, and a run killed with
 //! SIGKILL in a real child process resumes to the same parameters as a run that was
-//! never stopped.
+//! never stopped; a trained adapter gives the trainer's logits in the engine, exports as
+//! GGUF and applies by default beside its base model.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
+use candle_core::quantized::gguf_file::Value;
 use candle_core::Tensor;
+use memagent_engine::{
+    default_adapter_path, export_merged, sha256_file, Adapter, AdapterChoice, GgmlDType, GgufFile,
+    LoadOptions, LocalModel,
+};
 use memagent_tasks::training::Split;
 use memagent_trainer::{Examples, LoraConfig, Result, Run, Sequence, TrainConfig, TrainModel};
 
@@ -203,5 +209,114 @@ fn a_run_killed_with_sigkill_resumes_to_the_same_parameters() {
         .err()
         .unwrap();
     assert!(err.to_string().contains("--resume"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Logits of the last position of `ids` from a local model loaded with `adapter`.
+fn engine_logits(model: &Path, adapter: AdapterChoice, ids: &[u32]) -> (Option<PathBuf>, Vec<f32>) {
+    let options = LoadOptions {
+        adapter,
+        ..LoadOptions::default()
+    };
+    let m = LocalModel::load(model, &options).unwrap();
+    let mut cache = m.transformer().new_cache(1, ids.len());
+    let logits = m
+        .transformer()
+        .forward(&[ids.to_vec()], &mut cache)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    (m.adapter().map(Path::to_path_buf), logits)
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
+#[test]
+fn a_trained_adapter_merges_exports_and_applies_by_default() {
+    let dir = temp("adapter");
+    let model_path = tiny(&dir);
+    let sha = sha256_file(&model_path).unwrap();
+    let model = TrainModel::load(&model_path, LoraConfig::default(), 5).unwrap();
+    let mut run = Run::open(&dir.join("run"), config(4), model, false).unwrap();
+    for _ in 0..4 {
+        run.update(&Fixed).unwrap();
+    }
+    let adapter = dir.join("adapter.safetensors");
+    run.export_adapter(&adapter).unwrap();
+    let manifest = |sha: &str| serde_json::json!({ "base_sha256": sha, "rank": 8 }).to_string();
+    std::fs::write(dir.join("adapter.json"), manifest(&sha)).unwrap();
+
+    let ids: Vec<u32> = (0..30).map(|i| (i * 11 + 3) % 250).collect();
+    let trained = run
+        .model
+        .forward(&ids, &[ids.len() - 1])
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    let (none, base) = engine_logits(&model_path, AdapterChoice::None, &ids);
+    assert_eq!(none, None);
+    let (applied, merged) = engine_logits(&model_path, AdapterChoice::File(adapter.clone()), &ids);
+    assert_eq!(applied.as_deref(), Some(adapter.as_path()));
+    // The engine's merged weights give the trainer's logits (f16 adapter, f32 merge),
+    // and training moved them well away from the base model's.
+    let (err, moved) = (max_diff(&merged, &trained), max_diff(&merged, &base));
+    assert!(
+        err < 0.05 && moved > 10.0 * err,
+        "merged vs trained {err}, merged vs base {moved}"
+    );
+
+    // Exported as GGUF: a plain model file with the same behaviour.
+    let out = dir.join("tuned.gguf");
+    let a = Adapter::load(&adapter).unwrap();
+    let report = export_merged(&model_path, &a, &out, GgmlDType::Q8_0).unwrap();
+    assert_eq!(report.merged, a.len());
+    let gguf = GgufFile::open(&out).unwrap();
+    assert!(
+        matches!(gguf.get("memagent.adapter.base_sha256"), Some(Value::String(s)) if *s == sha)
+    );
+    let (_, exported) = engine_logits(&out, AdapterChoice::None, &ids);
+    let err = max_diff(&exported, &merged);
+    assert!(
+        err < 0.1 * moved,
+        "exported vs merged {err} (adapter moved {moved})"
+    );
+
+    // The default adapter beside the model applies when it names this model file ...
+    let default = default_adapter_path(&model_path);
+    std::fs::copy(&adapter, &default).unwrap();
+    std::fs::write(default.with_extension("json"), manifest(&sha)).unwrap();
+    let (applied, by_default) = engine_logits(&model_path, AdapterChoice::Default, &ids);
+    assert_eq!(applied.as_deref(), Some(default.as_path()));
+    assert_eq!(by_default, merged);
+    // ... and is skipped for another base model, where an explicit one is refused.
+    let other = "0".repeat(64);
+    std::fs::write(default.with_extension("json"), manifest(&other)).unwrap();
+    let (applied, skipped) = engine_logits(&model_path, AdapterChoice::Default, &ids);
+    assert_eq!(applied, None);
+    assert_eq!(skipped, base);
+    let refused = LocalModel::load(
+        &model_path,
+        &LoadOptions {
+            adapter: AdapterChoice::File(default.clone()),
+            ..LoadOptions::default()
+        },
+    )
+    .err()
+    .expect("an adapter for another base model is refused")
+    .to_string();
+    assert!(
+        refused.contains(&other) && refused.contains(&sha),
+        "{refused}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

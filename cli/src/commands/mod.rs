@@ -21,7 +21,7 @@ use memagent_engine::agent::{
     MemoryAgent, OpenAiBackend, Profile, RemoteOptions, RemoteTokenizer, TextTokenizer,
 };
 use memagent_engine::{
-    open_device, LoadOptions, LocalModel, SamplingParams, Tokenizer, WeightPlan,
+    open_device, AdapterChoice, LoadOptions, LocalModel, SamplingParams, Tokenizer, WeightPlan,
 };
 
 use crate::cli::{
@@ -46,6 +46,7 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Generate(args) => generate::run(&cli.global, &args),
         Command::Model(ModelCommand::Info { json }) => model::info(&cli.global, json),
+        Command::Model(ModelCommand::Export(args)) => model::export(&cli.global, &args),
         Command::Tokenize(args) => tokenize::run(&cli.global, &args),
         Command::Bench(BenchCommand::Engine(args)) => bench::engine(&cli.global, &args),
         Command::Bench(BenchCommand::Needle(args)) => bench::needle(&cli.global, &args),
@@ -57,10 +58,12 @@ pub fn run(cli: Cli) -> Result<()> {
 }
 
 /// The adapter `--adapter` names (`none`, or nothing given: the base model alone).
-pub fn adapter_path(global: &GlobalArgs) -> Option<std::path::PathBuf> {
+/// `--adapter`: unset means the model's default adapter (when it matches the model file).
+pub fn adapter_choice(global: &GlobalArgs) -> AdapterChoice {
     match global.adapter.as_deref() {
-        None | Some("none") | Some("") => None,
-        Some(path) => Some(std::path::PathBuf::from(path)),
+        None => AdapterChoice::Default,
+        Some("none") | Some("") => AdapterChoice::None,
+        Some(path) => AdapterChoice::File(std::path::PathBuf::from(path)),
     }
 }
 
@@ -73,7 +76,7 @@ fn load_model(global: &GlobalArgs) -> Result<LocalModel> {
             dense_prefill: true,
         },
         tokenizer: global.tokenizer.clone(),
-        adapter: adapter_path(global),
+        adapter: adapter_choice(global),
     };
     tracing::info!("loading model {}", path.display());
     Ok(LocalModel::load(&path, &options)?)

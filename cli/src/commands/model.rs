@@ -1,9 +1,12 @@
 use std::io::Write;
 
-use anyhow::Result;
-use memagent_engine::{sha256_file, ModelInfo};
+use anyhow::{bail, Result};
+use memagent_engine::{
+    default_adapter_path, export_merged, resolve_adapter, sha256_file, AdapterChoice, GgmlDType,
+    ModelInfo,
+};
 
-use crate::cli::GlobalArgs;
+use crate::cli::{ExportType, GlobalArgs, ModelExportArgs};
 use crate::settings;
 
 pub fn info(global: &GlobalArgs, json: bool) -> Result<()> {
@@ -15,13 +18,21 @@ pub fn info(global: &GlobalArgs, json: bool) -> Result<()> {
         .iter()
         .map(|(t, n)| format!("{t} x{n}"))
         .collect();
-    let adapter = match super::adapter_path(global) {
+    let choice = super::adapter_choice(global);
+    let file = match &choice {
+        AdapterChoice::File(file) => Some(file.clone()),
+        AdapterChoice::Default => Some(default_adapter_path(&path)).filter(|f| f.is_file()),
+        AdapterChoice::None => None,
+    };
+    let adapter = match file {
         Some(file) => {
             let adapter = memagent_engine::Adapter::load(&file)?;
             let matches = adapter.manifest.base_sha256 == sha256;
             Some(serde_json::json!({
                 "path": file, "projections": adapter.len(), "rank": adapter.manifest.rank,
                 "base_sha256": adapter.manifest.base_sha256, "base_matches": matches,
+                "default": choice == AdapterChoice::Default,
+                "applied": matches,
             }))
         }
         None => None,
@@ -66,14 +77,15 @@ pub fn info(global: &GlobalArgs, json: bool) -> Result<()> {
     match &adapter {
         Some(a) => writeln!(
             out,
-            "adapter:        {} ({} projections, rank {}, base {})",
+            "adapter:        {}{} ({} projections, rank {}, base {})",
+            if a["default"] == true { "default " } else { "" },
             a["path"].as_str().unwrap_or("-"),
             a["projections"],
             a["rank"],
-            if a["base_matches"] == true {
-                "matches"
-            } else {
-                "DOES NOT MATCH"
+            match (a["base_matches"] == true, a["default"] == true) {
+                (true, _) => "matches",
+                (false, true) => "does not match: not applied, the base model is used",
+                (false, false) => "DOES NOT MATCH: loading is refused",
             }
         )?,
         None => writeln!(out, "adapter:        none (base model)")?,
@@ -81,6 +93,47 @@ pub fn info(global: &GlobalArgs, json: bool) -> Result<()> {
     match &info.chat_template {
         Some(t) => writeln!(out, "chat template:\n{t}")?,
         None => writeln!(out, "chat template:  (none)")?,
+    }
+    Ok(())
+}
+
+pub fn export(global: &GlobalArgs, args: &ModelExportArgs) -> Result<()> {
+    let path = settings::model_path(global)?;
+    let Some(adapter) = resolve_adapter(&path, &super::adapter_choice(global))? else {
+        bail!(
+            "no adapter to merge into {}: pass --adapter FILE (memctl train's adapter.safetensors), \
+             or place the default adapter at {}",
+            path.display(),
+            default_adapter_path(&path).display()
+        );
+    };
+    let dtype = match args.dtype {
+        ExportType::Q8_0 => GgmlDType::Q8_0,
+        ExportType::F16 => GgmlDType::F16,
+        ExportType::F32 => GgmlDType::F32,
+    };
+    if !args.json {
+        eprintln!(
+            "merging {} into {} ...",
+            adapter.path.display(),
+            path.display()
+        );
+    }
+    let report = export_merged(&path, &adapter, &args.out, dtype)?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &report)?;
+        writeln!(out)?;
+    } else {
+        writeln!(
+            out,
+            "wrote {} ({} tensors, {} merged as {}, {} bytes)",
+            report.path.display(),
+            report.tensors,
+            report.merged,
+            report.dtype,
+            report.bytes
+        )?;
     }
     Ok(())
 }

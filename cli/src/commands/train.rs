@@ -121,6 +121,7 @@ fn train(global: &GlobalArgs, args: &TrainArgs) -> Result<()> {
         eval_every: a.eval_every,
         eval_examples: a.eval_examples,
         init_seed: a.init_seed,
+        init_from: a.init_from.clone(),
         data: serde_json::to_value(data.config)?,
     };
     eprintln!("hashing {} ...", model_path.display());
