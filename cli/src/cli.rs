@@ -130,8 +130,8 @@ pub enum Command {
     /// Examples come from a seed (`memctl train data` prints them); every update is
     /// logged to OUT/train.jsonl with a loss plot OUT/loss.svg; OUT/checkpoint.safetensors
     /// is written every --checkpoint-every updates and on SIGINT/SIGTERM, and --resume
-    /// continues exactly. At the end OUT/adapter.safetensors (f16) and OUT/adapter.json
-    /// (base model sha256, data seed, command, metrics) are written.
+    /// continues exactly. At the end, and at a stop, OUT/adapter.safetensors (f16) and
+    /// OUT/adapter.json (base model sha256, data seed, command, metrics) are written.
     #[command(
         args_conflicts_with_subcommands = true,
         after_help = "Examples:\n  memctl train --out runs/tuned --steps 300\n  \

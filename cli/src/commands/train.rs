@@ -186,14 +186,18 @@ fn train(global: &GlobalArgs, args: &TrainArgs) -> Result<()> {
     if !log.is_empty() {
         loss_curve(&log, &a.out.join("loss.svg"))?;
     }
-    if run.step() < run.config.steps {
+    let finished = run.step() >= run.config.steps;
+    if !finished {
         eprintln!(
             "stopped at update {} of {}; checkpoint saved, continue with --resume",
             run.step(),
             run.config.steps
         );
-        return Ok(());
+        if run.step() == 0 {
+            return Ok(());
+        }
     }
+    // A stopped run's adapter is written too: what was learned so far is usable.
     let adapter = a.out.join("adapter.safetensors");
     run.export_adapter(&adapter)?;
     let seconds: f64 = log.iter().map(|l| l.seconds).sum();
@@ -212,6 +216,7 @@ fn train(global: &GlobalArgs, args: &TrainArgs) -> Result<()> {
         "config": run.config,
         "metrics": {
             "updates": run.step(),
+            "finished": finished,
             "training_seconds": seconds,
             "tokens": tokens,
             "tokens_per_second": tokens as f64 / seconds.max(1e-9),
@@ -224,9 +229,10 @@ fn train(global: &GlobalArgs, args: &TrainArgs) -> Result<()> {
         serde_json::to_vec_pretty(&manifest)?,
     )?;
     println!(
-        "adapter: {} ({} updates, {:.0} s, {:.0} tokens/s)",
+        "adapter: {} ({} of {} updates, {:.0} s, {:.0} tokens/s)",
         adapter.display(),
         run.step(),
+        run.config.steps,
         seconds,
         tokens as f64 / seconds.max(1e-9)
     );
