@@ -2,12 +2,20 @@ use std::io::Write;
 
 use anyhow::{bail, Result};
 use memagent_engine::{
-    default_adapter_path, export_merged, resolve_adapter, sha256_file, AdapterChoice, GgmlDType,
-    ModelInfo,
+    default_adapter_path, export_merged, sha256_file, AdapterChoice, GgmlDType, ModelInfo,
 };
 
 use crate::cli::{ExportType, GlobalArgs, ModelExportArgs};
 use crate::settings;
+
+/// The adapter file `choice` names for `model`, before any check of its base model.
+fn adapter_file(model: &std::path::Path, choice: &AdapterChoice) -> Option<std::path::PathBuf> {
+    match choice {
+        AdapterChoice::File(file) => Some(file.clone()),
+        AdapterChoice::Default => Some(default_adapter_path(model)).filter(|f| f.is_file()),
+        AdapterChoice::None => None,
+    }
+}
 
 pub fn info(global: &GlobalArgs, json: bool) -> Result<()> {
     let path = settings::model_path(global)?;
@@ -19,12 +27,7 @@ pub fn info(global: &GlobalArgs, json: bool) -> Result<()> {
         .map(|(t, n)| format!("{t} x{n}"))
         .collect();
     let choice = super::adapter_choice(global);
-    let file = match &choice {
-        AdapterChoice::File(file) => Some(file.clone()),
-        AdapterChoice::Default => Some(default_adapter_path(&path)).filter(|f| f.is_file()),
-        AdapterChoice::None => None,
-    };
-    let adapter = match file {
+    let adapter = match adapter_file(&path, &choice) {
         Some(file) => {
             let adapter = memagent_engine::Adapter::load(&file)?;
             let matches = adapter.manifest.base_sha256 == sha256;
@@ -99,7 +102,12 @@ pub fn info(global: &GlobalArgs, json: bool) -> Result<()> {
 
 pub fn export(global: &GlobalArgs, args: &ModelExportArgs) -> Result<()> {
     let path = settings::model_path(global)?;
-    let Some(adapter) = resolve_adapter(&path, &super::adapter_choice(global))? else {
+    // export_merged checks the adapter's base model itself (one hash of the model file).
+    let file = adapter_file(&path, &super::adapter_choice(global));
+    let Some(adapter) = file
+        .map(|f| memagent_engine::Adapter::load(&f))
+        .transpose()?
+    else {
         bail!(
             "no adapter to merge into {}: pass --adapter FILE (memctl train's adapter.safetensors), \
              or place the default adapter at {}",
