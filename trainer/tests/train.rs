@@ -275,21 +275,28 @@ fn a_trained_adapter_merges_exports_and_applies_by_default() {
         "merged vs trained {err}, merged vs base {moved}"
     );
 
-    // Exported as GGUF: a plain model file with the same behaviour.
-    let out = dir.join("tuned.gguf");
+    // Exported as GGUF: a plain model file with the same behaviour. Stored as f32 the
+    // merged weights are exactly the engine's; as Q8_0 (the tiny model's random weights
+    // round coarsely) the update must still dominate the rounding.
     let a = Adapter::load(&adapter).unwrap();
-    let report = export_merged(&model_path, &a, &out, GgmlDType::Q8_0).unwrap();
-    assert_eq!(report.merged, a.len());
-    let gguf = GgufFile::open(&out).unwrap();
-    assert!(
-        matches!(gguf.get("memagent.adapter.base_sha256"), Some(Value::String(s)) if *s == sha)
-    );
-    let (_, exported) = engine_logits(&out, AdapterChoice::None, &ids);
-    let err = max_diff(&exported, &merged);
-    assert!(
-        err < 0.1 * moved,
-        "exported vs merged {err} (adapter moved {moved})"
-    );
+    for (dtype, bound) in [
+        (GgmlDType::F32, 1e-4 * moved),
+        (GgmlDType::Q8_0, 0.5 * moved),
+    ] {
+        let out = dir.join(format!("tuned-{dtype:?}.gguf"));
+        let report = export_merged(&model_path, &a, &out, dtype).unwrap();
+        assert_eq!(report.merged, a.len());
+        let gguf = GgufFile::open(&out).unwrap();
+        assert!(
+            matches!(gguf.get("memagent.adapter.base_sha256"), Some(Value::String(s)) if *s == sha)
+        );
+        let (_, exported) = engine_logits(&out, AdapterChoice::None, &ids);
+        let err = max_diff(&exported, &merged);
+        assert!(
+            err <= bound,
+            "{dtype:?}: exported vs merged {err} (adapter moved {moved})"
+        );
+    }
 
     // The default adapter beside the model applies when it names this model file ...
     let default = default_adapter_path(&model_path);
