@@ -144,6 +144,10 @@ pub struct Trajectory {
     pub expected: Vec<String>,
     /// Lines the final memory must hold (the current relevant facts).
     pub memory_lines: Vec<String>,
+    /// General mode: the values each memory line states (names, places, dates), in the
+    /// order of `memory_lines`; a paraphrased memory keeps a fact when it holds them all.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fact_values: Vec<Vec<String>>,
 }
 
 /// One training conversation: a user message and the reply to learn.
@@ -284,6 +288,13 @@ struct Patterns {
     chat: &'static [(&'static str, &'static str, &'static str)],
     chat_updates: &'static [(&'static str, &'static str, &'static str)],
     openers: &'static [&'static str],
+    /// How a speaker flags a fact ("Please remember this: my sister …").
+    remind: &'static [&'static str],
+    /// The other party's acknowledgement; `{echo}` is the fact in the second person.
+    acks: &'static [&'static str],
+    /// Passing remarks that sound like facts but are not durable (what happened today,
+    /// what was eaten or watched): each a list of fragment lists, one drawn from each.
+    passing: &'static [&'static [&'static [&'static str]]],
 }
 
 impl Patterns {
@@ -421,6 +432,26 @@ static TRAIN: Patterns = Patterns {
             "The user's dog is called {pet}.",
             "What is the user's dog called?",
         ),
+        (
+            "My {rel} {name2} lives in {place}.",
+            "The user's {rel} {name2} lives in {place}.",
+            "Where does the user's {rel} live?",
+        ),
+        (
+            "My {rel} is called {name2} and lives in {place}.",
+            "The user's {rel} {name2} lives in {place}.",
+            "In which city does the user's {rel} live?",
+        ),
+        (
+            "My {rel} {name2} works as a {job}.",
+            "The user's {rel} {name2} works as a {job}.",
+            "What is the job of the user's {rel}?",
+        ),
+        (
+            "Our anniversary is on {date}.",
+            "The user's anniversary is {date}.",
+            "When is the user's anniversary?",
+        ),
     ],
     chat_updates: &[
         (
@@ -447,6 +478,87 @@ static TRAIN: Patterns = Patterns {
         "Sure, no problem at all.",
         "What a busy afternoon it has been.",
         "I think I'll go for a walk later.",
+    ],
+    remind: &[
+        "Please remember this: ",
+        "Don't forget: ",
+        "Just so you know, ",
+        "Remember that ",
+        "Keep this in mind: ",
+    ],
+    acks: &[
+        "Noted: {echo}",
+        "Got it, {echo}",
+        "Okay, so {echo}",
+        "Thanks, I'll keep that in mind.",
+        "Good to know!",
+        "Sure, I'll remember that.",
+    ],
+    passing: &[
+        &[
+            &[
+                "My bus",
+                "The tram",
+                "The delivery",
+                "My flight",
+                "The meeting",
+                "The plumber",
+            ],
+            &[
+                "was late",
+                "got cancelled",
+                "came early",
+                "was moved",
+                "took ages",
+            ],
+            &[
+                "this morning.",
+                "again today.",
+                "yesterday.",
+                "an hour ago.",
+            ],
+        ],
+        &[
+            &["I had", "I cooked", "I ordered", "We grabbed"],
+            &["pasta", "a salad", "tacos", "sushi", "pancakes", "curry"],
+            &[
+                "for lunch.",
+                "for dinner tonight.",
+                "at the office.",
+                "on the way home.",
+            ],
+        ],
+        &[
+            &["I watched", "I read", "I listened to"],
+            &[
+                "a film about",
+                "a podcast about",
+                "an article about",
+                "a show about",
+            ],
+            &["volcanoes", "old cars", "the desert", "chess", "bees"],
+            &["last night.", "on the way home.", "today."],
+        ],
+        &[
+            &["That sounds", "That must have been", "Sounds"],
+            &["nice.", "tiring.", "like fun.", "stressful.", "lovely."],
+            &[
+                "Tell me more.",
+                "Hope the rest of the day is calm.",
+                "Enjoy it!",
+            ],
+        ],
+        &[
+            &[
+                "The neighbours",
+                "My colleague",
+                "A friend of mine",
+                "The kids next door",
+            ],
+            &["painted", "fixed", "cleaned", "sold"],
+            &["their car", "the roof", "an old bike", "the garage"],
+            &["last weekend.", "this morning.", "today."],
+        ],
     ],
 };
 
@@ -525,6 +637,11 @@ static VALIDATION: Patterns = Patterns {
             "The user works as a {job}.",
             "What does the user do for a living?",
         ),
+        (
+            "{name2}, my {rel}, has a home in {place}.",
+            "The user's {rel} {name2} lives in {place}.",
+            "In which city is the home of the user's {rel}?",
+        ),
     ],
     chat_updates: &[(
         "Big news: I relocated to {place}.",
@@ -538,6 +655,30 @@ static VALIDATION: Patterns = Patterns {
         "Cheers for that.",
         "Not much going on here.",
         "Fine by me.",
+    ],
+    remind: &["For your records, "],
+    acks: &["Understood, {echo}", "Duly noted."],
+    passing: &[
+        &[
+            &["The ferry", "Our taxi", "The courier", "The lecture"],
+            &["ran late", "was delayed", "was rescheduled"],
+            &["this evening.", "once more.", "earlier on."],
+        ],
+        &[
+            &[
+                "For breakfast I ate",
+                "Tonight we're having",
+                "I snacked on",
+            ],
+            &["toast", "noodles", "an omelette", "porridge"],
+            &["again.", "at home.", "before work."],
+        ],
+        &[
+            &["Been binge-watching", "Just finished"],
+            &["a series about", "a novel about"],
+            &["pirates", "space travel", "gardening"],
+            &["all week.", "last weekend."],
+        ],
     ],
 };
 
@@ -663,6 +804,10 @@ fn generated(parts: &[&[&str]], seed: u64, sentences: usize) -> String {
 fn fill(pattern: &str, pairs: &[(&str, &str)]) -> String {
     let mut s = pattern.to_string();
     for (k, v) in pairs {
+        // "a {job}" before a vowel reads "an architect".
+        if v.starts_with(['a', 'e', 'i', 'o']) {
+            s = s.replace(&format!(" a {{{k}}}"), &format!(" an {{{k}}}"));
+        }
         s = s.replace(&format!("{{{k}}}"), v);
     }
     // A sentence starts with a capital letter even when a key ("the north gate") opens it.
@@ -1030,6 +1175,7 @@ fn question(
         answer,
         expected,
         memory_lines: memory_lines.into_iter().map(|(_, l)| l).collect(),
+        fact_values: Vec::new(),
     })
 }
 
@@ -1052,8 +1198,95 @@ struct Said {
     said: String,
     remembered: String,
     question: String,
+    /// The values the remembered line states.
+    values: Vec<String>,
     /// Facts with the same slot replace each other (the newest wins).
     slot: String,
+}
+
+/// The first three words of a remembered fact: facts about one thing share them.
+fn slot_of(remembered: &str) -> String {
+    remembered.split(' ').take(3).collect::<Vec<_>>().join(" ")
+}
+
+/// A fact as the listener repeats it back: "my sister" becomes "your sister".
+fn echo(said: &str) -> String {
+    let said = said.replacen("I was ", "you were ", 1);
+    let mut out: Vec<String> = Vec::new();
+    for word in said.split(' ') {
+        let end = word.trim_end_matches(|c: char| !c.is_alphanumeric() && c != '\'');
+        let tail = &word[end.len()..];
+        let swapped = match end {
+            "I" => "you",
+            "I'm" => "you're",
+            "I've" => "you've",
+            "I'll" => "you'll",
+            "my" | "My" | "our" | "Our" => "your",
+            "we" | "We" => "you",
+            "me" => "you",
+            "am" => "are",
+            w => w,
+        };
+        out.push(format!("{swapped}{tail}"));
+    }
+    out.join(" ")
+}
+
+/// One sentence drawn from fragment lists.
+fn sentence(parts: &[&[&str]], rng: &mut StdRng) -> String {
+    parts
+        .iter()
+        .map(|part| *part.choose(rng).expect("fragments"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// How a trajectory writes its turns, as the daemon renders conversation logs.
+#[derive(Clone, Copy)]
+enum TurnStyle {
+    /// Dated notes, one per line.
+    Notes,
+    /// `[date time] who: text` on every turn.
+    Stamped,
+    /// `who: text`, with a timestamp now and then (where a message carries one).
+    Plain,
+}
+
+/// Writes the turns of one trajectory, advancing its clock.
+struct TurnWriter {
+    style: TurnStyle,
+    day: u32,
+    minute: u32,
+    speaker: String,
+    other: String,
+}
+
+impl TurnWriter {
+    fn line(&mut self, text: &str, by_speaker: bool, rng: &mut StdRng) -> String {
+        self.minute += rng.random_range(1..40);
+        if self.minute >= 24 * 60 {
+            self.minute -= 24 * 60;
+            self.day += 1;
+        }
+        let stamp = format!(
+            "[2026-{:02}-{:02} {:02}:{:02}]",
+            3 + self.day / 28,
+            self.day % 28 + 1,
+            self.minute / 60,
+            self.minute % 60
+        );
+        let who = if by_speaker {
+            &self.speaker
+        } else {
+            &self.other
+        };
+        match self.style {
+            TurnStyle::Notes => format!("- {text}"),
+            TurnStyle::Stamped => format!("{stamp} {who}: {text}"),
+            TurnStyle::Plain if rng.random_bool(0.1) => format!("{stamp} {who}: {text}"),
+            TurnStyle::Plain => format!("{who}: {text}"),
+        }
+    }
 }
 
 fn general(
@@ -1069,6 +1302,9 @@ fn general(
     } else {
         ("user".to_string(), "assistant".to_string())
     };
+    // In a chat the user's messages may carry a display name: "user (Nadia): …".
+    let user_name = (!two_people && rng.random_bool(0.3))
+        .then(|| p.people.choose(rng).expect("people").to_string());
     let subject = |s: &str| -> String {
         if two_people {
             s.replace("The user's", &format!("{speaker}'s"))
@@ -1089,22 +1325,21 @@ fn general(
     let n_facts = rng.random_range(1..=6usize);
     let mut facts: Vec<Said> = Vec::new();
     let mut used = BTreeSet::new();
-    for _ in 0..n_facts {
-        let (said, rem, q) = *p.chat.choose(rng).expect("chat");
-        if !used.insert(rem.split(' ').take(3).collect::<Vec<_>>().join(" ")) {
-            continue;
-        }
+    let said_fact = |(said, rem, q): (&str, &str, &str),
+                     flag: bool,
+                     used: &mut BTreeSet<String>,
+                     rng: &mut StdRng|
+     -> Option<Said> {
         let names = picks(p.people, 2, rng);
+        let name = if two_people {
+            speaker.clone()
+        } else {
+            user_name.clone().unwrap_or_else(|| names[0].to_string())
+        };
         let pairs = [
-            (
-                "name",
-                if two_people {
-                    speaker.as_str()
-                } else {
-                    names[0]
-                },
-            ),
+            ("name", name.as_str()),
             ("name2", names[1]),
+            ("rel", RELATIONS.choose(rng).expect("r")),
             ("date", &date(rng)),
             ("place", p.places.choose(rng).expect("p")),
             ("food", FOODS.choose(rng).expect("f")),
@@ -1112,27 +1347,42 @@ fn general(
             ("item", ITEMS.choose(rng).expect("i")),
             ("pet", PETS.choose(rng).expect("p")),
         ];
-        let slot = rem.split(' ').take(3).collect::<Vec<_>>().join(" ");
-        facts.push(Said {
-            said: fill(said, &pairs),
-            remembered: subject(&fill(rem, &pairs)),
-            question: subject(q),
+        let remembered = fill(rem, &pairs);
+        let slot = slot_of(&remembered);
+        if !used.insert(slot.clone()) {
+            return None;
+        }
+        let values = pairs
+            .iter()
+            .filter(|(k, _)| rem.contains(&format!("{{{k}}}")))
+            .map(|(_, v)| v.to_string())
+            .collect();
+        let mut said_text = fill(said, &pairs);
+        if flag && rng.random_bool(0.3) {
+            let remind = p.remind.choose(rng).expect("remind");
+            // "Please remember this: my sister …", but "…: I live …" and "…: Lucia, …".
+            let first = said.split(' ').next().unwrap_or_default();
+            if !said.starts_with('{') && !["I", "I'm", "I've"].contains(&first) {
+                said_text.replace_range(..1, &said_text[..1].to_lowercase());
+            }
+            said_text = format!("{remind}{said_text}");
+        }
+        Some(Said {
+            said: said_text,
+            remembered: subject(&remembered),
+            question: subject(&fill(q, &pairs)),
+            values,
             slot,
-        });
+        })
+    };
+    for _ in 0..n_facts {
+        let pattern = *p.chat.choose(rng).expect("chat");
+        facts.extend(said_fact(pattern, true, &mut used, rng));
     }
     // Sometimes a later update replaces a fact of the same slot.
     if rng.random_bool(0.3) {
-        let (said, rem, q) = *p.chat_updates.choose(rng).expect("updates");
-        let place = *p.places.choose(rng).expect("p");
-        let job = *JOBS.choose(rng).expect("j");
-        let pairs = [("place", place), ("job", job)];
-        let slot = rem.split(' ').take(3).collect::<Vec<_>>().join(" ");
-        facts.push(Said {
-            said: fill(said, &pairs),
-            remembered: subject(&fill(rem, &pairs)),
-            question: subject(q),
-            slot,
-        });
+        let pattern = *p.chat_updates.choose(rng).expect("updates");
+        facts.extend(said_fact(pattern, false, &mut BTreeSet::new(), rng));
     }
     // Turns: small talk with the facts said by the speaker at random places.
     let n_chunks = rng.random_range(1..=3usize);
@@ -1140,33 +1390,33 @@ fn general(
         .map(|_| rng.random_range(config.chunk_min..=config.chunk_max))
         .collect();
     let total: usize = sizes.iter().sum();
-    let notes = !two_people && rng.random_bool(0.25);
-    let family = if notes {
-        "notes"
-    } else if two_people {
-        "two-people"
+    let style = if !two_people && rng.random_bool(0.25) {
+        TurnStyle::Notes
+    } else if rng.random_bool(0.5) {
+        TurnStyle::Stamped
     } else {
-        "chat"
+        TurnStyle::Plain
     };
-    let mut day = rng.random_range(1..=20u32);
-    let mut minute = rng.random_range(0..600u32);
-    let mut turn = |text: &str, by_speaker: bool, rng: &mut StdRng| -> String {
-        minute += rng.random_range(1..40);
-        if minute >= 24 * 60 {
-            minute -= 24 * 60;
-            day += 1;
-        }
-        if notes {
-            format!("- {text}")
+    let family = match (style, two_people) {
+        (TurnStyle::Notes, _) => "notes",
+        (_, true) => "two-people",
+        (_, false) => "chat",
+    };
+    let mut writer = TurnWriter {
+        style,
+        day: rng.random_range(1..=20u32),
+        minute: rng.random_range(0..600u32),
+        speaker: match &user_name {
+            Some(n) => format!("{speaker} ({n})"),
+            None => speaker.clone(),
+        },
+        other: other.clone(),
+    };
+    let small_talk = |rng: &mut StdRng| -> String {
+        if rng.random_bool(0.5) {
+            p.openers.choose(rng).expect("o").to_string()
         } else {
-            let who = if by_speaker { &speaker } else { &other };
-            format!(
-                "[2026-{:02}-{:02} {:02}:{:02}] {who}: {text}",
-                3 + day / 28,
-                day % 28 + 1,
-                minute / 60,
-                minute % 60
-            )
+            sentence(p.passing.choose(rng).expect("passing"), rng)
         }
     };
     // Where each fact falls, as a fraction of the whole text.
@@ -1175,20 +1425,38 @@ fn general(
     let mut lines: Vec<(String, Option<usize>)> = Vec::new();
     let mut tokens = 0;
     let mut next = 0;
+    let say = |i: usize,
+               writer: &mut TurnWriter,
+               lines: &mut Vec<(String, Option<usize>)>,
+               rng: &mut StdRng| {
+        let mut said = vec![(writer.line(&facts[i].said, true, rng), Some(i))];
+        // The listener often acknowledges, sometimes repeating the fact back.
+        if !matches!(style, TurnStyle::Notes) && rng.random_bool(0.5) {
+            let plain = p
+                .remind
+                .iter()
+                .fold(facts[i].said.as_str(), |s, flag| s.trim_start_matches(flag));
+            let text = fill(p.acks.choose(rng).expect("acks"), &[("echo", &echo(plain))]);
+            said.push((writer.line(&text, false, rng), None));
+        }
+        let mut n = 0;
+        for (l, f) in said {
+            n += tokenizer.encode(&l)?.len() + 1;
+            lines.push((l, f));
+        }
+        Ok::<usize, Error>(n)
+    };
     while tokens < total {
         while next < facts.len() && at[next] * total as f64 <= tokens as f64 {
-            let l = turn(&facts[next].said, true, rng);
-            tokens += tokenizer.encode(&l)?.len() + 1;
-            lines.push((l, Some(next)));
+            tokens += say(next, &mut writer, &mut lines, rng)?;
             next += 1;
         }
-        let l = turn(p.openers.choose(rng).expect("o"), rng.random_bool(0.5), rng);
+        let l = writer.line(&small_talk(rng), rng.random_bool(0.5), rng);
         tokens += tokenizer.encode(&l)?.len() + 1;
         lines.push((l, None));
     }
     while next < facts.len() {
-        let l = turn(&facts[next].said, true, rng);
-        lines.push((l, Some(next)));
+        say(next, &mut writer, &mut lines, rng)?;
         next += 1;
     }
     // Cut into chunks at the sizes drawn (by running token count).
@@ -1252,16 +1520,12 @@ fn general(
         (q, "not known".to_string(), vec!["not known".to_string()])
     } else {
         let f = &facts[*memory.choose(rng).expect("memory")];
-        (
-            f.question.clone(),
-            f.remembered.clone(),
-            vec![f.remembered.clone()],
-        )
+        (f.question.clone(), f.remembered.clone(), f.values.clone())
     };
     Ok(Trajectory {
         mode: Mode::General,
         family,
-        filler: if notes {
+        filler: if matches!(style, TurnStyle::Notes) {
             "notes".into()
         } else {
             "small-talk turns".into()
@@ -1274,6 +1538,7 @@ fn general(
             .iter()
             .map(|&i| facts[i].remembered.clone())
             .collect(),
+        fact_values: memory.iter().map(|&i| facts[i].values.clone()).collect(),
     })
 }
 
@@ -1283,7 +1548,7 @@ pub fn patterns(split: Split) -> Vec<&'static str> {
     let mut v: Vec<&str> = Vec::new();
     for list in [
         p.facts, p.ask_one, p.ask_all, p.ask_many, p.changes, p.relation, p.lives, p.ask_hop,
-        p.assign, p.copy, p.ask_vars, p.openers,
+        p.assign, p.copy, p.ask_vars, p.openers, p.remind, p.acks,
     ] {
         v.extend_from_slice(list);
     }

@@ -72,6 +72,31 @@ fn trajectories_keep_planted_facts_and_never_distractors() {
             for line in &t.memory_lines {
                 assert!(t.steps.last().unwrap().memory_after.contains(line.as_str()));
             }
+            if t.mode == Mode::General {
+                // Each remembered fact states values that were said in the text, and the
+                // question asked of the memory expects one fact's values (or "not known").
+                let text: String = t.steps.iter().map(|s| s.chunk.as_str()).collect();
+                let lower = text.to_lowercase();
+                assert_eq!(t.fact_values.len(), t.memory_lines.len());
+                for (line, values) in t.memory_lines.iter().zip(&t.fact_values) {
+                    assert!(!values.is_empty(), "{line} states no value");
+                    for v in values {
+                        assert!(
+                            line.contains(v.as_str()) && lower.contains(&v.to_lowercase()),
+                            "{v}"
+                        );
+                    }
+                }
+                assert!(
+                    t.expected == ["not known"] || t.fact_values.contains(&t.expected),
+                    "{:?}",
+                    t.expected
+                );
+                // Acknowledgements repeat a fact in the second person.
+                for l in text.lines().filter(|l| l.contains("Noted: ")) {
+                    assert!(!l.contains(" my ") && !l.contains(" I "), "{l}");
+                }
+            }
             let e = t.examples();
             assert_eq!(e.len(), t.steps.len() + 1);
             assert!(e.last().unwrap().target.contains(&t.expected[0]) || t.mode == Mode::General);
