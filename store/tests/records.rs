@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use memagent_store::{Author, Error, MemoryVersion, Store, GENERAL};
+use memagent_store::{Author, Error, ExportRecord, MemoryVersion, Store, GENERAL};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("memagent-store-{name}-{}", std::process::id()));
@@ -177,4 +177,20 @@ fn removing_a_stream_removes_its_records() {
     ));
     let kept = store.require("kept").unwrap();
     assert_eq!(store.read_log(&kept, 0, kept.log_len).unwrap(), b"other");
+}
+
+#[test]
+fn exported_versions_keep_their_timings_bit_for_bit() {
+    // Step timings are arbitrary f64 values; an export line parsed back must give the same
+    // record, or an export/import round trip would change the history it copies.
+    let mut seconds = 0.123_456_789_012_345_f64;
+    for i in 0..2000 {
+        seconds = (seconds * 7.389_056_098_930_65 + i as f64 * 1e-7).fract() * 40.0;
+        let mut version = person_version("Ada likes green tea.");
+        version.seconds = seconds;
+        let record = ExportRecord::Version { chain: 1, version };
+        let line = serde_json::to_string(&record).unwrap();
+        let back: ExportRecord = serde_json::from_str(&line).unwrap();
+        assert_eq!(back, record, "{line}");
+    }
 }
