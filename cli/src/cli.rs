@@ -173,6 +173,10 @@ pub struct TrainDataOptions {
     /// Share of general-mode (question-free) trajectories
     #[arg(long, default_value_t = 0.35)]
     pub general_share: f64,
+    /// Loss weight of the lines an update step adds to its memory (new facts, changed
+    /// values) and of its reply's end; lines copied from the memory weigh 1
+    #[arg(long, default_value_t = 3.0)]
+    pub new_fact_weight: f32,
     /// Filler folder of the training split [default: the shared essays when present]
     #[arg(long, value_name = "DIR")]
     pub haystack: Option<PathBuf>,

@@ -160,6 +160,9 @@ pub struct Example {
     pub template: Template,
     pub message: String,
     pub target: String,
+    /// The memory the update step started from (`None` for the final answer): lines of
+    /// the target not in it are what the step had to notice.
+    pub memory_before: Option<String>,
 }
 
 impl Trajectory {
@@ -183,6 +186,7 @@ impl Trajectory {
                 template: update,
                 message: update.fill(question, &s.memory_before, &s.chunk),
                 target: s.memory_after.clone(),
+                memory_before: Some(s.memory_before.clone()),
             })
             .collect();
         let last = self.steps.last().map_or(NO_MEMORY, |s| &s.memory_after);
@@ -193,6 +197,7 @@ impl Trajectory {
             template: answer,
             message: answer.fill(&self.question, last, ""),
             target: self.answer.clone(),
+            memory_before: None,
         });
         out
     }

@@ -20,11 +20,13 @@ use crate::loss::{correct_tokens, weighted_nll};
 use crate::model::TrainModel;
 use crate::optim::{clip_grad_norm, learning_rate, AdamW, AdamWConfig};
 
-/// A tokenized conversation: the loss is taken on `ids[target_start..]`.
+/// A tokenized conversation: the loss is taken on `ids[target_start..]`, each token
+/// weighted by `weights` (one per target token).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sequence {
     pub ids: Vec<u32>,
     pub target_start: usize,
+    pub weights: Vec<f32>,
 }
 
 impl Sequence {
@@ -286,7 +288,7 @@ impl Run {
         let positions: Vec<usize> = (seq.target_start - 1..seq.ids.len() - 1).collect();
         let logits = self.model.forward(&seq.ids, &positions)?;
         let targets = &seq.ids[seq.target_start..];
-        weighted_nll(&logits, targets, &vec![1.0; targets.len()], normalizer)
+        weighted_nll(&logits, targets, &seq.weights, normalizer)
     }
 
     /// One optimizer update over the batch of examples `step·batch ..`.
@@ -303,12 +305,25 @@ impl Run {
                     "an example has no prompt or no target tokens".into(),
                 ));
             }
+            if s.weights.len() != s.target_tokens() {
+                return Err(Error::Config(format!(
+                    "an example has {} target tokens but {} weights",
+                    s.target_tokens(),
+                    s.weights.len()
+                )));
+            }
         }
         let target_tokens: usize = seqs.iter().map(Sequence::target_tokens).sum();
+        // The loss is a weighted mean over the batch's target tokens.
+        let weight_sum: f64 = seqs
+            .iter()
+            .flat_map(|s| &s.weights)
+            .map(|&w| f64::from(w))
+            .sum();
         let mut sums: Vec<Option<Tensor>> = vec![None; self.vars.len()];
         let mut loss_sum = 0f64;
         for seq in &seqs {
-            let loss = self.loss(seq, target_tokens as f64)?;
+            let loss = self.loss(seq, weight_sum.max(1e-9))?;
             loss_sum += f64::from(loss.to_scalar::<f32>()?);
             let grads = loss.backward()?;
             for (i, (_, var)) in self.vars.iter().enumerate() {

@@ -2,7 +2,8 @@
 //! on a fixed batch, LoRA gradients match finite differences, and a run killed with
 //! SIGKILL in a real child process resumes to the same parameters as a run that was
 //! never stopped; a trained adapter gives the trainer's logits in the engine, exports as
-//! GGUF and applies by default beside its base model.
+//! GGUF and applies by default beside its base model. On the real tokenizer: update
+//! targets weigh what the memory did not hold.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,8 +16,15 @@ use memagent_engine::{
     default_adapter_path, export_merged, sha256_file, Adapter, AdapterChoice, GgmlDType, GgufFile,
     LoadOptions, LocalModel,
 };
-use memagent_tasks::training::Split;
-use memagent_trainer::{Examples, LoraConfig, Result, Run, Sequence, TrainConfig, TrainModel};
+use memagent_engine::{ChatTemplate, Tokenizer};
+use memagent_tasks::training::{DataConfig, Fillers, Split};
+use memagent_trainer::{
+    Examples, LoraConfig, Result, Run, Sequence, TaskData, TrainConfig, TrainModel,
+};
+
+#[allow(dead_code)]
+#[path = "../../engine/tests/model/support.rs"]
+mod support;
 
 /// The same few sequences whatever the index: a fixed batch.
 struct Fixed;
@@ -28,6 +36,7 @@ impl Examples for Fixed {
         Ok(Sequence {
             ids,
             target_start: 24,
+            weights: vec![1.0; 16],
         })
     }
 }
@@ -326,4 +335,56 @@ fn a_trained_adapter_merges_exports_and_applies_by_default() {
         "{refused}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn task_data(new_fact_weight: f32) -> TaskData {
+    let gguf = GgufFile::open(&support::model_path()).unwrap();
+    let tokenizer = Tokenizer::from_gguf(&gguf).unwrap();
+    let source = gguf.opt_string("tokenizer.chat_template").unwrap().unwrap();
+    let template = ChatTemplate::new(source, tokenizer.bos_token(), tokenizer.eos_token()).unwrap();
+    TaskData {
+        tokenizer,
+        template,
+        config: DataConfig::default(),
+        train: Fillers::new(Split::Train, None).unwrap(),
+        validation: Fillers::new(Split::Validation, None).unwrap(),
+        max_tokens: 8192,
+        new_fact_weight,
+    }
+}
+
+#[test]
+fn update_targets_weigh_what_the_memory_did_not_hold() {
+    let before = "The user's name is Ada.\nThe user lives in Porto.";
+    let target = "The user's name is Ada.\nThe user lives in Porto.\nThe user's sister is Lucia.";
+    let plain = task_data(1.0)
+        .tokenize("msg", target, Some(before))
+        .unwrap();
+    let data = task_data(3.0);
+    let weighted = data.tokenize("msg", target, Some(before)).unwrap();
+    assert_eq!(plain.ids, weighted.ids, "weights never change the tokens");
+    assert!(plain.weights.iter().all(|&w| w == 1.0));
+    assert_eq!(weighted.weights.len(), weighted.target_tokens());
+    let reply = &weighted.ids[weighted.target_start..];
+    let heavy: Vec<u32> = reply
+        .iter()
+        .zip(&weighted.weights)
+        .filter(|(_, &w)| w == 3.0)
+        .map(|(&t, _)| t)
+        .collect();
+    // The new line with its line break, and the end of the reply (a special token).
+    assert_eq!(
+        data.tokenizer.decode(&heavy).unwrap(),
+        "\nThe user's sister is Lucia."
+    );
+    assert_eq!(weighted.weights.last(), Some(&3.0), "stopping is weighed");
+    let light = weighted.weights.iter().filter(|&&w| w == 1.0).count();
+    assert_eq!(
+        light,
+        data.tokenizer.encode(before, false).unwrap().len(),
+        "copied lines weigh 1"
+    );
+    // A final answer has no memory to copy: every token weighs 1.
+    let answer = data.tokenize("msg", "Lucia.", None).unwrap();
+    assert!(answer.weights.iter().all(|&w| w == 1.0));
 }

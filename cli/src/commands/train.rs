@@ -49,6 +49,7 @@ fn task_data(model: &Path, o: &TrainDataOptions) -> Result<TaskData> {
         train: Fillers::new(Split::Train, essays)?,
         validation: Fillers::new(Split::Validation, None)?,
         max_tokens: memagent_engine::Config::from_gguf(&gguf)?.context_length,
+        new_fact_weight: o.new_fact_weight,
     })
 }
 
@@ -80,10 +81,12 @@ fn print_data(global: &GlobalArgs, args: &TrainDataArgs) -> Result<()> {
             )?)?
         } else {
             let e = data.example(split, i)?;
-            let seq = data.tokenize(&e.message, &e.target)?;
+            let seq = data.tokenize(&e.message, &e.target, e.memory_before.as_deref())?;
+            let weight: f32 = seq.weights.iter().sum();
             serde_json::to_string(&serde_json::json!({
                 "index": i, "split": split, "family": e.family, "mode": e.mode, "kind": e.kind,
                 "template": e.template, "tokens": seq.ids.len(), "target_tokens": seq.target_tokens(),
+                "target_weight": weight,
                 "message": e.message, "target": e.target,
             }))?
         };
@@ -122,7 +125,11 @@ fn train(global: &GlobalArgs, args: &TrainArgs) -> Result<()> {
         eval_examples: a.eval_examples,
         init_seed: a.init_seed,
         init_from: a.init_from.clone(),
-        data: serde_json::to_value(data.config)?,
+        data: {
+            let mut d = serde_json::to_value(data.config)?;
+            d["new_fact_weight"] = data.new_fact_weight.into();
+            d
+        },
     };
     eprintln!("hashing {} ...", model_path.display());
     let base_sha256 = sha256_file(&model_path)?;
