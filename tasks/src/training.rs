@@ -1201,6 +1201,8 @@ fn check_memory(tokenizer: &dyn TextTokenizer, config: &DataConfig, steps: &[Ste
 /// One durable fact of a general-mode trajectory.
 struct Said {
     said: String,
+    /// The fact as said, without a flag ("Please remember this: ") in front.
+    plain: String,
     remembered: String,
     question: String,
     /// The values the remembered line states.
@@ -1362,18 +1364,20 @@ fn general(
             .filter(|(k, _)| rem.contains(&format!("{{{k}}}")))
             .map(|(_, v)| v.to_string())
             .collect();
-        let mut said_text = fill(said, &pairs);
+        let mut plain = fill(said, &pairs);
+        let mut said_text = plain.clone();
         if flag && rng.random_bool(0.3) {
             let remind = p.remind.choose(rng).expect("remind");
             // "Please remember this: my sister …", but "…: I live …" and "…: Lucia, …".
             let first = said.split(' ').next().unwrap_or_default();
             if !said.starts_with('{') && !["I", "I'm", "I've"].contains(&first) {
-                said_text.replace_range(..1, &said_text[..1].to_lowercase());
+                plain.replace_range(..1, &plain[..1].to_lowercase());
             }
-            said_text = format!("{remind}{said_text}");
+            said_text = format!("{remind}{plain}");
         }
         Some(Said {
             said: said_text,
+            plain,
             remembered: subject(&remembered),
             question: subject(&fill(q, &pairs)),
             values,
@@ -1437,11 +1441,10 @@ fn general(
         let mut said = vec![(writer.line(&facts[i].said, true, rng), Some(i))];
         // The listener often acknowledges, sometimes repeating the fact back.
         if !matches!(style, TurnStyle::Notes) && rng.random_bool(0.5) {
-            let plain = p
-                .remind
-                .iter()
-                .fold(facts[i].said.as_str(), |s, flag| s.trim_start_matches(flag));
-            let text = fill(p.acks.choose(rng).expect("acks"), &[("echo", &echo(plain))]);
+            let text = fill(
+                p.acks.choose(rng).expect("acks"),
+                &[("echo", &echo(&facts[i].plain))],
+            );
             said.push((writer.line(&text, false, rng), None));
         }
         let mut n = 0;

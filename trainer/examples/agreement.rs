@@ -7,8 +7,9 @@
 //! Prints the first positions and how many argmaxes agree.
 use std::path::Path;
 
-use memagent_engine::{AdapterChoice, ChatTemplate, GgufFile, LoadOptions, LocalModel, Tokenizer};
-use memagent_trainer::{LoraConfig, Run, TrainConfig, TrainModel};
+use memagent_engine::{AdapterChoice, LoadOptions, LocalModel};
+use memagent_tasks::training::DataConfig;
+use memagent_trainer::{LoraConfig, Run, TaskData, TrainConfig, TrainModel};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -17,18 +18,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "usage: agreement MODEL.gguf ADAPTER.safetensors PROMPT_FILE TARGET_FILE".into(),
         );
     };
-    let gguf = GgufFile::open(Path::new(model))?;
-    let tok = Tokenizer::from_gguf(&gguf)?;
-    let source = gguf
-        .opt_string("tokenizer.chat_template")?
-        .ok_or("no template")?;
-    let template = ChatTemplate::new(source, tok.bos_token(), tok.eos_token())?;
+    let data = TaskData::from_gguf(Path::new(model), DataConfig::default(), None, 1.0)?;
+    let tok = &data.tokenizer;
     let message = std::fs::read_to_string(prompt)?;
     let reply = std::fs::read_to_string(target)?;
-    let rendered = template.render(&[memagent_engine::Message::user(message.as_str())], true)?;
-    let mut ids = tok.encode(&rendered, false)?;
-    let start = ids.len();
-    ids.extend(tok.encode(&format!("{reply}{}", tok.eos_token().unwrap_or("")), false)?);
+    let seq = data.tokenize(&message, &reply, None)?;
+    let (ids, start) = (seq.ids, seq.target_start);
 
     let config = TrainConfig {
         init_from: Some(adapter.into()),

@@ -3,9 +3,11 @@
 //! the reply followed by the end-of-turn token.
 
 use std::collections::HashSet;
+use std::path::Path;
 
-use memagent_engine::{ChatTemplate, Message, Tokenizer};
+use memagent_engine::{ChatTemplate, Config, GgufFile, Message, Tokenizer};
 use memagent_tasks::training::{example, DataConfig, Example, Fillers, Split};
+use memagent_tasks::Haystack;
 
 use crate::error::{Error, Result};
 use crate::run::{Examples, Sequence};
@@ -27,6 +29,31 @@ pub struct TaskData {
 }
 
 impl TaskData {
+    /// The tokenizer, chat template and context of the GGUF model at `model`, with the
+    /// training fillers (`essays` when given) and the validation split's own.
+    pub fn from_gguf(
+        model: &Path,
+        config: DataConfig,
+        essays: Option<Haystack>,
+        new_fact_weight: f32,
+    ) -> Result<Self> {
+        let gguf = GgufFile::open(model)?;
+        let tokenizer = Tokenizer::from_gguf(&gguf)?;
+        let source = gguf
+            .opt_string("tokenizer.chat_template")?
+            .ok_or_else(|| Error::Config(format!("{} has no chat template", model.display())))?;
+        let template = ChatTemplate::new(source, tokenizer.bos_token(), tokenizer.eos_token())?;
+        Ok(Self {
+            tokenizer,
+            template,
+            config,
+            train: Fillers::new(Split::Train, essays)?,
+            validation: Fillers::new(Split::Validation, None)?,
+            max_tokens: Config::from_gguf(&gguf)?.context_length,
+            new_fact_weight,
+        })
+    }
+
     pub fn example(&self, split: Split, index: u64) -> Result<Example> {
         let fillers = match split {
             Split::Train => &self.train,

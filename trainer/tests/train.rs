@@ -16,8 +16,7 @@ use memagent_engine::{
     default_adapter_path, export_merged, sha256_file, Adapter, AdapterChoice, GgmlDType, GgufFile,
     LoadOptions, LocalModel,
 };
-use memagent_engine::{ChatTemplate, Tokenizer};
-use memagent_tasks::training::{DataConfig, Fillers, Split};
+use memagent_tasks::training::{DataConfig, Split};
 use memagent_trainer::{
     Examples, LoraConfig, Result, Run, Sequence, TaskData, TrainConfig, TrainModel,
 };
@@ -338,19 +337,13 @@ fn a_trained_adapter_merges_exports_and_applies_by_default() {
 }
 
 fn task_data(new_fact_weight: f32) -> TaskData {
-    let gguf = GgufFile::open(&support::model_path()).unwrap();
-    let tokenizer = Tokenizer::from_gguf(&gguf).unwrap();
-    let source = gguf.opt_string("tokenizer.chat_template").unwrap().unwrap();
-    let template = ChatTemplate::new(source, tokenizer.bos_token(), tokenizer.eos_token()).unwrap();
-    TaskData {
-        tokenizer,
-        template,
-        config: DataConfig::default(),
-        train: Fillers::new(Split::Train, None).unwrap(),
-        validation: Fillers::new(Split::Validation, None).unwrap(),
-        max_tokens: 8192,
+    TaskData::from_gguf(
+        &support::model_path(),
+        DataConfig::default(),
+        None,
         new_fact_weight,
-    }
+    )
+    .unwrap()
 }
 
 #[test]

@@ -5,9 +5,9 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
-use memagent_engine::{sha256_file, ChatTemplate, GgufFile, Tokenizer};
-use memagent_tasks::training::{trajectory, DataConfig, Fillers, Split};
+use anyhow::{bail, Result};
+use memagent_engine::sha256_file;
+use memagent_tasks::training::{trajectory, DataConfig, Split};
 use memagent_trainer::{
     loss_curve, read_log, AdamWConfig, Event, LoraConfig, Run, Target, TaskData, TrainConfig,
     TrainModel,
@@ -34,23 +34,14 @@ fn data_config(o: &TrainDataOptions) -> DataConfig {
 }
 
 fn task_data(model: &Path, o: &TrainDataOptions) -> Result<TaskData> {
-    let gguf = GgufFile::open(model)?;
-    let tokenizer = Tokenizer::from_gguf(&gguf)?;
-    let source = gguf
-        .opt_string("tokenizer.chat_template")?
-        .with_context(|| format!("{} has no chat template", model.display()))?;
-    let template = ChatTemplate::new(source, tokenizer.bos_token(), tokenizer.eos_token())?;
     let essays = super::bench::haystack(o.haystack.as_deref())?;
     let essays = (essays.source() != memagent_tasks::Haystack::noise().source()).then_some(essays);
-    Ok(TaskData {
-        tokenizer,
-        template,
-        config: data_config(o),
-        train: Fillers::new(Split::Train, essays)?,
-        validation: Fillers::new(Split::Validation, None)?,
-        max_tokens: memagent_engine::Config::from_gguf(&gguf)?.context_length,
-        new_fact_weight: o.new_fact_weight,
-    })
+    Ok(TaskData::from_gguf(
+        model,
+        data_config(o),
+        essays,
+        o.new_fact_weight,
+    )?)
 }
 
 fn split_of(name: &str) -> Result<Split> {
