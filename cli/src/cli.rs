@@ -485,7 +485,15 @@ pub struct LoopArgs {
 /// Overrides of the model's profile (chunk size, memory cap, answer cap).
 #[derive(Debug, Clone, Args)]
 pub struct ProfileArgs {
-    /// Tokens per chunk C [default: the model's profile: 1024 for models under 1B
+    /// Chunk size, memory cap and answer cap together: `small` (C = 1024, M = 256,
+    /// answers 256) or `paper` (C = 5000, M = 1024, answers 1024) [default: from the
+    /// model's size: small under 1B parameters. A remote model's size comes from the
+    /// server (llama.cpp reports it) or from --tokenizer MODEL.gguf; when neither tells
+    /// it, --profile is required]
+    #[arg(long, value_enum, value_name = "NAME")]
+    pub profile: Option<ProfileKind>,
+
+    /// Tokens per chunk C [default: the profile's: 1024 for models under 1B
     /// parameters, else the paper's 5000]
     #[arg(long, value_name = "N")]
     pub chunk_tokens: Option<usize>,
@@ -503,6 +511,24 @@ pub struct ProfileArgs {
     /// ("Therefore, the answer is ...")
     #[arg(long, default_value = "boxed", value_name = "FORM")]
     pub final_template: memagent_engine::agent::FinalForm,
+}
+
+/// Named loop profiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProfileKind {
+    /// Models under a billion parameters: C = 1024, M = 256, answers up to 256 tokens
+    Small,
+    /// The MemAgent paper's: C = 5000, M = 1024, answers up to 1024 tokens
+    Paper,
+}
+
+impl ProfileKind {
+    pub fn profile(self) -> memagent_engine::agent::Profile {
+        match self {
+            Self::Small => memagent_engine::agent::Profile::SMALL,
+            Self::Paper => memagent_engine::agent::Profile::PAPER,
+        }
+    }
 }
 
 /// Which backend runs the model.
@@ -559,6 +585,12 @@ pub struct SamplingArgs {
     /// Seed of the sampler (used when temperature > 0)
     #[arg(long, default_value_t = 299_792_458)]
     pub seed: u64,
+
+    /// Speculative decoding of greedy local replies: up to N tokens drafted per forward
+    /// pass from earlier text that ends like the reply so far (memory rewrites copy much
+    /// of their prompt); 0 decodes one token per pass. The output is identical either way
+    #[arg(long, value_name = "N", default_value_t = memagent_engine::DEFAULT_DRAFT_TOKENS)]
+    pub draft_tokens: usize,
 }
 
 #[derive(Debug, Subcommand)]
@@ -783,6 +815,17 @@ pub struct BenchEngineArgs {
     /// Tokens to decode
     #[arg(long, default_value_t = 256)]
     pub decode: usize,
+
+    /// Memory rewrites to decode, by previous-memory size in tokens: the loop's update
+    /// prompt, up to 256 new tokens, with one token per pass and with speculative
+    /// drafting (--draft-tokens); reports decode tok/s of each, their ratio, acceptance
+    /// and tokens per pass, and checks that both give the same tokens. Empty: none
+    #[arg(long, value_delimiter = ',', default_value = "128,256")]
+    pub rewrite: Vec<usize>,
+
+    /// Most tokens drafted per pass in the rewrite cases
+    #[arg(long, value_name = "N", default_value_t = memagent_engine::DEFAULT_DRAFT_TOKENS)]
+    pub draft_tokens: usize,
 
     /// Repetitions of each case (the median is reported)
     #[arg(long, default_value_t = 3)]

@@ -5,8 +5,10 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::agent::UPDATE;
+use crate::chat::Message;
 use crate::error::{Error, Result};
-use crate::model::LocalModel;
+use crate::model::{DecodeStats, GenerateOptions, LocalModel};
 use crate::sampling::argmax;
 
 /// One measured case.
@@ -21,6 +23,9 @@ pub struct BenchResult {
     pub tokens_per_second: f64,
     /// Peak resident memory of the process during this case, in bytes (Linux only).
     pub peak_rss_bytes: Option<u64>,
+    /// Forward passes and drafting of the generation (memory-rewrite cases).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decoding: Option<DecodeStats>,
 }
 
 /// Prefill of `tokens` prompt tokens (from `filler`), `repeats` times, median reported.
@@ -64,6 +69,79 @@ pub fn bench_decode(
     })
 }
 
+/// A memory rewrite: the loop's update prompt with a previous memory of about
+/// `memory_tokens` tokens (sentences of `filler`) and a section of the filler, decoded
+/// greedily up to `max_tokens` with at most `draft_tokens` drafted per pass (0: one token
+/// per pass). Reported as `rw{memory_tokens}` or `rw{memory_tokens}-d{draft_tokens}`, with
+/// decode seconds per repetition; the generated tokens are returned so that callers can
+/// check that both decodings agree.
+pub fn bench_rewrite(
+    model: &LocalModel,
+    filler: &str,
+    memory_tokens: usize,
+    max_tokens: usize,
+    draft_tokens: usize,
+    repeats: usize,
+) -> Result<(BenchResult, Vec<u32>)> {
+    let tokenizer = model.tokenizer();
+    let mut memory = String::new();
+    for sentence in filler.split_inclusive(". ").cycle().take(10_000) {
+        if tokenizer.encode(&memory, false)?.len() >= memory_tokens {
+            break;
+        }
+        memory.push_str("- ");
+        memory.push_str(sentence.trim());
+        memory.push('\n');
+    }
+    let chunk: String = filler
+        .chars()
+        .rev()
+        .take(2000)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    let text = UPDATE.fill(
+        "What does the text say about libraries?",
+        memory.trim_end(),
+        &chunk,
+    );
+    let prompt = model.chat_prompt_ids(&[Message::user(&text)])?;
+    let options = GenerateOptions {
+        max_new_tokens: max_tokens,
+        stop_on_repeat: Some(crate::agent::REPEAT_GUARD_TOKENS),
+        stop_on_repeated_line: true,
+        draft_tokens,
+        ..GenerateOptions::default()
+    };
+    reset_peak_rss();
+    let mut seconds = Vec::with_capacity(repeats);
+    let mut generation = None;
+    for _ in 0..repeats.max(1) {
+        let g = model.generate(&prompt, &options)?;
+        seconds.push(g.decode_seconds);
+        generation = Some(g);
+    }
+    let generation = generation.expect("at least one repetition");
+    let mut sorted = seconds.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    let result = BenchResult {
+        test: match draft_tokens {
+            0 => format!("rw{memory_tokens}"),
+            d => format!("rw{memory_tokens}-d{d}"),
+        },
+        tokens: generation.completion_tokens,
+        seconds,
+        // Decode speed: the tokens after the first (which comes out of the prefill).
+        tokens_per_second: generation.completion_tokens.saturating_sub(1) as f64
+            / median.max(f64::EPSILON),
+        peak_rss_bytes: peak_rss(),
+        decoding: Some(generation.decoding),
+    };
+    Ok((result, generation.token_ids))
+}
+
 fn measure(
     test: String,
     tokens: usize,
@@ -86,6 +164,7 @@ fn measure(
         seconds,
         tokens_per_second: tokens as f64 / median,
         peak_rss_bytes: peak_rss(),
+        decoding: None,
     })
 }
 

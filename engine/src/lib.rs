@@ -23,6 +23,7 @@ mod error;
 mod gguf;
 mod model;
 mod models;
+pub mod prefix;
 mod sampling;
 #[doc(hidden)]
 pub mod testing;
@@ -38,7 +39,8 @@ pub use device::open_device;
 pub use error::{Error, Result};
 pub use gguf::{sha256_file, GgufFile};
 pub use model::{
-    GenerateOptions, Generation, LoadOptions, LocalModel, ModelInfo, StopReason, WeightPlan,
+    DecodeStats, GenerateOptions, Generation, LoadOptions, LocalModel, ModelInfo, StopReason,
+    WeightPlan, DEFAULT_DRAFT_TOKENS,
 };
 pub use models::{rope_tables, Architecture, Config, KvCache, Transformer};
 pub use sampling::{argmax, SamplingParams};

@@ -1,6 +1,7 @@
 //! A complete local model: weights, tokenizer and chat template from one GGUF file.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use candle_core::Device;
@@ -10,8 +11,9 @@ use crate::adapter::AdapterChoice;
 use crate::chat::{ChatTemplate, Message};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
-use crate::models::{Config, Transformer};
-use crate::sampling::{Sampler, SamplingParams};
+use crate::models::{Config, KvCache, Transformer};
+use crate::prefix::{PrefixCache, PrefixCacheStats};
+use crate::sampling::{argmax, Sampler, SamplingParams};
 use crate::tokenizer::Tokenizer;
 
 pub use crate::models::WeightPlan;
@@ -51,6 +53,14 @@ pub struct GenerateOptions {
     /// Stop when a completed line of the reply repeats an earlier line (list numbering
     /// ignored), dropping that line: loops of numbered copies escape the token check.
     pub stop_on_repeated_line: bool,
+    /// Speculative decoding by prompt lookup: up to this many tokens are drafted from
+    /// earlier text that ends like the reply so far and checked in one forward pass.
+    /// Greedy decoding only (sampling decodes plainly); the tokens are exactly those of
+    /// plain decoding. 0 turns it off.
+    pub draft_tokens: usize,
+    /// Reuse the keys and values of a prompt prefix computed for an earlier prompt (see
+    /// [`crate::prefix`]); results agree with a full prefill to rounding.
+    pub reuse_prefix: bool,
 }
 
 impl Default for GenerateOptions {
@@ -60,9 +70,14 @@ impl Default for GenerateOptions {
             sampling: SamplingParams::default(),
             stop_on_repeat: None,
             stop_on_repeated_line: false,
+            draft_tokens: DEFAULT_DRAFT_TOKENS,
+            reuse_prefix: true,
         }
     }
 }
+
+/// Most tokens drafted per forward pass by default (the adaptive length starts lower).
+pub const DEFAULT_DRAFT_TOKENS: usize = 8;
 
 /// Why generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -87,6 +102,35 @@ pub struct Generation {
     pub stop_reason: StopReason,
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
+    /// Prompt tokens reused from the prefix cache, forward passes after the prefill, and
+    /// the drafting that saved some of them.
+    pub decoding: DecodeStats,
+}
+
+/// How a reply was computed: prompt tokens whose keys and values came from the prefix
+/// cache, forward passes after the prefill (one per generated token without
+/// speculation), tokens drafted by prompt lookup, and how many the model confirmed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct DecodeStats {
+    pub cached_prompt: usize,
+    pub passes: usize,
+    pub drafted: usize,
+    pub accepted: usize,
+}
+
+impl DecodeStats {
+    /// Share of drafted tokens the model confirmed (0 when nothing was drafted).
+    pub fn acceptance_rate(&self) -> f64 {
+        self.accepted as f64 / self.drafted.max(1) as f64
+    }
+
+    /// Sums of several replies' figures.
+    pub fn add(&mut self, other: &DecodeStats) {
+        self.cached_prompt += other.cached_prompt;
+        self.passes += other.passes;
+        self.drafted += other.drafted;
+        self.accepted += other.accepted;
+    }
 }
 
 impl Generation {
@@ -97,6 +141,11 @@ impl Generation {
     /// Tokens per second after the first one (which comes out of the prefill).
     pub fn decode_tokens_per_second(&self) -> f64 {
         self.completion_tokens.saturating_sub(1) as f64 / self.decode_seconds.max(f64::EPSILON)
+    }
+
+    /// Tokens generated per decode forward pass (1 without speculation).
+    pub fn tokens_per_pass(&self) -> f64 {
+        self.completion_tokens.saturating_sub(1) as f64 / self.decoding.passes.max(1) as f64
     }
 }
 
@@ -160,6 +209,7 @@ pub struct LocalModel {
     template: ChatTemplate,
     transformer: Transformer,
     adapter: Option<PathBuf>,
+    prefixes: Mutex<PrefixCache>,
 }
 
 impl LocalModel {
@@ -210,6 +260,7 @@ impl LocalModel {
             template,
             transformer,
             adapter: adapter.map(|a| a.path),
+            prefixes: Mutex::new(PrefixCache::default()),
         })
     }
 
@@ -272,7 +323,22 @@ impl LocalModel {
     }
 
     /// Continues `prompt` (token ids) until an end-of-turn token or `max_new_tokens`.
+    /// Greedy generations draft by prompt lookup (see [`GenerateOptions::draft_tokens`]).
     pub fn generate(&self, prompt: &[u32], options: &GenerateOptions) -> Result<Generation> {
+        self.generate_with_drafts(prompt, options, |generated, max| {
+            lookup_draft(prompt, generated, max)
+        })
+    }
+
+    /// [`LocalModel::generate`] with drafts from `draft(generated, max)`: up to `max`
+    /// tokens guessed to follow `generated`. Whatever the drafts, the tokens are those of
+    /// plain decoding; good drafts only make it faster.
+    pub fn generate_with_drafts(
+        &self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        mut draft: impl FnMut(&[u32], usize) -> Vec<u32>,
+    ) -> Result<Generation> {
         if prompt.is_empty() {
             return Err(Error::InvalidRequest(
                 "the prompt has no tokens".to_string(),
@@ -290,52 +356,78 @@ impl LocalModel {
             });
         }
         let mut sampler = Sampler::new(options.sampling);
-        let mut cache = self.transformer.new_cache(1, total);
         let start = Instant::now();
         let mut generated = Vec::new();
         let mut stop_reason = StopReason::MaxTokens;
         let mut prefill_seconds = 0.0;
+        let mut decoding = DecodeStats::default();
+        let speculate = options.sampling.temperature <= 0.0 && options.draft_tokens > 0;
+        let max_draft = options.draft_tokens.min(Transformer::MAX_VERIFY - 1);
+        let mut draft_len = max_draft.min(4);
         if options.max_new_tokens > 0 {
-            let mut logits = self.transformer.forward(&[prompt.to_vec()], &mut cache)?;
+            let (logits, mut cache, reused) = self.prefill(prompt, total, options.reuse_prefix)?;
+            decoding.cached_prompt = reused;
             prefill_seconds = start.elapsed().as_secs_f64();
-            loop {
-                let row: Vec<f32> = logits.squeeze(0)?.to_vec1()?;
+            let mut row: Vec<f32> = logits.squeeze(0)?.to_vec1()?;
+            // The cache holds the prompt and every generated token but the last;
+            // `row` predicts the token after the last.
+            'decode: loop {
                 let next = sampler.sample(&row);
-                generated.push(next);
-                if self.tokenizer.stop_ids().contains(&next) {
-                    stop_reason = StopReason::EndOfTurn;
+                if let Some(reason) = self.push_token(&mut generated, next, options)? {
+                    stop_reason = reason;
                     break;
                 }
-                if let Some(keep) = options
-                    .stop_on_repeat
-                    .and_then(|span| repeated_tail(&generated, span))
-                {
-                    generated.truncate(keep);
-                    stop_reason = StopReason::Repetition;
-                    break;
-                }
-                if options.stop_on_repeated_line
-                    && self
-                        .tokenizer
-                        .token_text(next)
-                        .is_some_and(|t| t.contains('\n') || t.contains('Ċ'))
-                {
-                    let text = self.tokenizer.decode(&generated)?;
-                    if let Some(keep) = crate::agent::hygiene::repeated_last_line(&text) {
-                        // Keep the tokens that decode within the kept prefix.
-                        let mut n = generated.len();
-                        while n > 0 && self.tokenizer.decode(&generated[..n])?.len() > keep {
-                            n -= 1;
-                        }
-                        generated.truncate(n);
-                        stop_reason = StopReason::Repetition;
+                let room = options.max_new_tokens - generated.len();
+                let mut draft = if speculate && room > 0 {
+                    draft(&generated, draft_len.min(room))
+                } else {
+                    Vec::new()
+                };
+                draft.truncate(draft_len.min(room));
+                let mut input = vec![next];
+                input.extend_from_slice(&draft);
+                decoding.passes += 1;
+                let rows: Vec<Vec<f32>> = if draft.is_empty() {
+                    vec![self
+                        .transformer
+                        .forward(&[input], &mut cache)?
+                        .squeeze(0)?
+                        .to_vec1()?]
+                } else {
+                    self.transformer
+                        .forward_all(&[input], &mut cache)?
+                        .squeeze(0)?
+                        .to_vec2()?
+                };
+                decoding.drafted += draft.len();
+                let mut accepted = 0;
+                for (i, &token) in draft.iter().enumerate() {
+                    if argmax(&rows[i]) != token {
                         break;
                     }
+                    accepted += 1;
+                    if let Some(reason) = self.push_token(&mut generated, token, options)? {
+                        decoding.accepted += accepted;
+                        stop_reason = reason;
+                        break 'decode;
+                    }
+                }
+                decoding.accepted += accepted;
+                if !draft.is_empty() {
+                    draft_len = if accepted == draft.len() {
+                        (draft_len + 2).min(max_draft)
+                    } else {
+                        (accepted + 1).min(max_draft)
+                    };
                 }
                 if generated.len() >= options.max_new_tokens {
                     break;
                 }
-                logits = self.transformer.forward(&[vec![next]], &mut cache)?;
+                cache.truncate(prompt.len() + generated.len());
+                row = rows
+                    .into_iter()
+                    .nth(accepted)
+                    .expect("a row per input token");
             }
         }
         let decode_seconds = start.elapsed().as_secs_f64() - prefill_seconds;
@@ -352,8 +444,124 @@ impl LocalModel {
             stop_reason,
             prefill_seconds,
             decode_seconds,
+            decoding,
         })
     }
+
+    /// Runs `prompt` into a new cache with room for `capacity` tokens, starting from a
+    /// cached prefix when `reuse` allows and one is there: the logits after the prompt,
+    /// the cache, and how many prompt tokens came from the prefix cache.
+    fn prefill(
+        &self,
+        prompt: &[u32],
+        capacity: usize,
+        reuse: bool,
+    ) -> Result<(candle_core::Tensor, KvCache, usize)> {
+        let found = if reuse {
+            self.prefixes().start(prompt, capacity)?
+        } else {
+            None
+        };
+        let (mut cache, reused) =
+            found.unwrap_or_else(|| (self.transformer.new_cache(1, capacity), 0));
+        let logits = self
+            .transformer
+            .forward(&[prompt[reused..].to_vec()], &mut cache)?;
+        if reuse {
+            self.prefixes().remember(prompt, &cache)?;
+        }
+        Ok((logits, cache, reused))
+    }
+
+    fn prefixes(&self) -> std::sync::MutexGuard<'_, PrefixCache> {
+        // A panic elsewhere cannot leave an entry half-written: entries are replaced whole.
+        self.prefixes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The logits after `prompt` (one forward pass, nothing generated), reusing a cached
+    /// prefix when `reuse` allows, and how many prompt tokens came from the cache.
+    pub fn prompt_logits(&self, prompt: &[u32], reuse: bool) -> Result<(Vec<f32>, usize)> {
+        if prompt.is_empty() {
+            return Err(Error::InvalidRequest(
+                "the prompt has no tokens".to_string(),
+            ));
+        }
+        let (logits, _, reused) = self.prefill(prompt, prompt.len(), reuse)?;
+        Ok((logits.squeeze(0)?.to_vec1()?, reused))
+    }
+
+    /// Entries and positions held by the prefix cache.
+    pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
+        self.prefixes().stats()
+    }
+
+    /// Empties the prefix cache.
+    pub fn clear_prefix_cache(&self) {
+        self.prefixes().clear();
+    }
+
+    /// Appends one generated token and applies the stops of `options`: the reason to
+    /// stop, if any, with `generated` cut where the stop says.
+    fn push_token(
+        &self,
+        generated: &mut Vec<u32>,
+        next: u32,
+        options: &GenerateOptions,
+    ) -> Result<Option<StopReason>> {
+        generated.push(next);
+        if self.tokenizer.stop_ids().contains(&next) {
+            return Ok(Some(StopReason::EndOfTurn));
+        }
+        if let Some(keep) = options
+            .stop_on_repeat
+            .and_then(|span| repeated_tail(generated, span))
+        {
+            generated.truncate(keep);
+            return Ok(Some(StopReason::Repetition));
+        }
+        if options.stop_on_repeated_line
+            && self
+                .tokenizer
+                .token_text(next)
+                .is_some_and(|t| t.contains('\n') || t.contains('Ċ'))
+        {
+            let text = self.tokenizer.decode(generated)?;
+            if let Some(keep) = crate::agent::hygiene::repeated_last_line(&text) {
+                // Keep the tokens that decode within the kept prefix.
+                let mut n = generated.len();
+                while n > 0 && self.tokenizer.decode(&generated[..n])?.len() > keep {
+                    n -= 1;
+                }
+                generated.truncate(n);
+                return Ok(Some(StopReason::Repetition));
+            }
+        }
+        if generated.len() >= options.max_new_tokens {
+            return Ok(Some(StopReason::MaxTokens));
+        }
+        Ok(None)
+    }
+}
+
+/// Shortest run of tokens looked up, and the longest tried first.
+const LOOKUP_MIN: usize = 2;
+const LOOKUP_MAX: usize = 4;
+
+/// Up to `max` tokens that followed an earlier occurrence of the reply's last few tokens:
+/// in the prompt first (a memory rewrite copies the old memory and quotes the section),
+/// earliest occurrence first, then in the reply itself. Longer matches win.
+fn lookup_draft(prompt: &[u32], generated: &[u32], max: usize) -> Vec<u32> {
+    let context: Vec<u32> = prompt.iter().chain(generated).copied().collect();
+    let end = context.len();
+    for n in (LOOKUP_MIN..=LOOKUP_MAX.min(end.saturating_sub(1))).rev() {
+        let tail = &context[end - n..];
+        // Earlier windows only: a match must leave at least one token to draft.
+        if let Some(at) = context[..end - 1].windows(n).position(|w| w == tail) {
+            let from = at + n;
+            return context[from..(from + max).min(end)].to_vec();
+        }
+    }
+    Vec::new()
 }
 
 /// When the last `span` tokens of `tokens` already occur earlier in it, the length to keep

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use memagent_engine::agent::MemoryAgent;
-use memagent_engine::bench::{bench_decode, bench_prefill, BenchResult};
+use memagent_engine::bench::{bench_decode, bench_prefill, bench_rewrite, BenchResult};
 use memagent_tasks::{single_needle, Haystack, NeedleSample};
 use serde::Serialize;
 
@@ -38,6 +38,27 @@ pub fn engine(global: &GlobalArgs, args: &BenchEngineArgs) -> Result<()> {
         report_progress(&r);
         results.push(r);
     }
+    for &m in args.rewrite.iter().filter(|&&m| m > 0) {
+        let (plain, want) = bench_rewrite(&model, FILLER, m, 256, 0, args.repeats)?;
+        report_progress(&plain);
+        let (drafted, got) = bench_rewrite(
+            &model,
+            FILLER,
+            m,
+            256,
+            args.draft_tokens.max(1),
+            args.repeats,
+        )?;
+        report_progress(&drafted);
+        anyhow::ensure!(
+            want == got,
+            "rw{m}: speculative decoding changed the output ({} vs {} tokens); please report this",
+            got.len(),
+            want.len()
+        );
+        results.push(plain);
+        results.push(drafted);
+    }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     if args.json {
         return super::print_json(&serde_json::json!({
@@ -57,17 +78,29 @@ pub fn engine(global: &GlobalArgs, args: &BenchEngineArgs) -> Result<()> {
     )?;
     writeln!(
         out,
-        "{:<8} {:>10} {:>12} {:>14}",
-        "test", "tokens", "tok/s", "peak RSS MiB"
+        "{:<10} {:>8} {:>10} {:>14} {:>9} {:>10} {:>9}",
+        "test", "tokens", "tok/s", "peak RSS MiB", "speedup", "accepted", "tok/pass"
     )?;
-    for r in &results {
+    for (i, r) in results.iter().enumerate() {
         let rss = r.peak_rss_bytes.map_or("-".to_string(), |b| {
             format!("{:.0}", b as f64 / (1024.0 * 1024.0))
         });
+        // A drafted rewrite follows its plain run.
+        let (speedup, accepted, per_pass) = match (&r.decoding, i.checked_sub(1)) {
+            (Some(d), Some(j)) if d.drafted > 0 || r.test.contains("-d") => (
+                format!("{:.2}x", r.tokens_per_second / results[j].tokens_per_second),
+                format!("{:.0}%", 100.0 * d.acceptance_rate()),
+                format!(
+                    "{:.2}",
+                    r.tokens.saturating_sub(1) as f64 / d.passes.max(1) as f64
+                ),
+            ),
+            _ => ("-".into(), "-".into(), "-".into()),
+        };
         writeln!(
             out,
-            "{:<8} {:>10} {:>12.1} {:>14}",
-            r.test, r.tokens, r.tokens_per_second, rss
+            "{:<10} {:>8} {:>10.1} {:>14} {:>9} {:>10} {:>9}",
+            r.test, r.tokens, r.tokens_per_second, rss, speedup, accepted, per_pass
         )?;
     }
     Ok(())
@@ -118,7 +151,7 @@ pub fn needle(global: &GlobalArgs, args: &BenchNeedleArgs) -> Result<()> {
         None => None,
     };
     let backend = super::ModelBackend::open(global, &args.run.backend)?;
-    let profile = backend.profile(&args.run.profile);
+    let profile = backend.profile(&args.run.profile)?;
     tracing::info!(
         "haystack: {}; profile: chunk {} / memory {} / answer {} tokens",
         haystack.source(),

@@ -15,6 +15,7 @@ pub fn run(global: &GlobalArgs, args: &GenerateArgs) -> Result<()> {
     let options = GenerateOptions {
         max_new_tokens: args.max_tokens,
         sampling: args.sampling.params(),
+        draft_tokens: args.sampling.draft_tokens,
         ..GenerateOptions::default()
     };
     let reply = model.generate_chat(&messages, &options)?;

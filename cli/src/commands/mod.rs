@@ -97,6 +97,8 @@ enum Inner {
     Remote {
         backend: OpenAiBackend,
         tokenizer: Option<Tokenizer>,
+        /// Parameters of the model file given as --tokenizer, when it is a GGUF file.
+        tokenizer_parameters: Option<usize>,
     },
 }
 
@@ -144,7 +146,8 @@ impl ModelBackend {
                 options.retries = args.retries;
                 options.context_length = args.context_tokens.or(config.context_tokens);
                 let mut backend = OpenAiBackend::new(options)?;
-                if backend.discover_context_length().is_none() {
+                backend.discover();
+                if backend.options().context_length.is_none() {
                     tracing::warn!(
                         "the server did not say the model's context length; budget checks are \
                          off (pass --context-tokens N to enable them)"
@@ -156,7 +159,17 @@ impl ModelBackend {
                     })?),
                     None => None,
                 };
-                Ok(Inner::Remote { backend, tokenizer })
+                // A GGUF tokenizer is the served model's file: its header gives the size.
+                let tokenizer_parameters = global
+                    .tokenizer
+                    .as_deref()
+                    .and_then(|path| memagent_engine::ModelInfo::read(path).ok())
+                    .map(|info| info.parameters);
+                Ok(Inner::Remote {
+                    backend,
+                    tokenizer,
+                    tokenizer_parameters,
+                })
             }
         }
     }
@@ -173,13 +186,40 @@ impl ModelBackend {
     }
 
     /// The model's default profile with the command line's overrides.
-    pub fn profile(&self, overrides: &ProfileArgs) -> Profile {
-        let base = match &self.inner {
-            Inner::Local(model) => Profile::for_model(model.name(), Some(model.parameters())),
-            Inner::Remote { backend, .. } => Profile::for_model(&backend.options().model, None),
+    pub fn profile(&self, overrides: &ProfileArgs) -> Result<Profile> {
+        let base = match (&self.inner, overrides.profile) {
+            (_, Some(kind)) => kind.profile(),
+            (Inner::Local(model), None) => {
+                Profile::for_model(model.name(), Some(model.parameters()))
+            }
+            (
+                Inner::Remote {
+                    backend,
+                    tokenizer_parameters,
+                    ..
+                },
+                None,
+            ) => {
+                let name = &backend.options().model;
+                let parameters = backend.options().parameters.or(*tokenizer_parameters);
+                let config = &self.profile;
+                let all_given = overrides.chunk_tokens.or(config.chunk_tokens).is_some()
+                    && overrides.memory_tokens.or(config.memory_tokens).is_some()
+                    && overrides.answer_tokens.or(config.answer_tokens).is_some();
+                let Some(parameters) = parameters.or(all_given.then_some(0)) else {
+                    anyhow::bail!(
+                        "the size of the remote model {name} is unknown, so the loop cannot \
+                         choose its chunk and memory sizes: pass --profile small (models under \
+                         1B parameters: C = 1024, M = 256) or --profile paper (C = 5000, \
+                         M = 1024), or --tokenizer with the served model's GGUF file"
+                    );
+                };
+                // With every size given, the base profile is not used.
+                Profile::for_model(name, Some(parameters))
+            }
         };
         let config = &self.profile;
-        Profile {
+        Ok(Profile {
             chunk_tokens: overrides
                 .chunk_tokens
                 .or(config.chunk_tokens)
@@ -192,7 +232,7 @@ impl ModelBackend {
                 .answer_tokens
                 .or(config.answer_tokens)
                 .unwrap_or(base.answer_tokens),
-        }
+        })
     }
 
     /// Runs `f` with a memory agent over this backend.
@@ -204,18 +244,21 @@ impl ModelBackend {
         let configure = |mut agent: MemoryAgent<'_>| {
             agent.final_form = settings.profile.final_template;
             agent.sampling = settings.sampling.params();
+            agent.draft_tokens = settings.sampling.draft_tokens;
             f(&agent)
         };
-        let chosen = self.profile(&settings.profile);
+        let chosen = self.profile(&settings.profile)?;
         match &self.inner {
             Inner::Local(model) => configure(MemoryAgent::new(model, model.tokenizer(), chosen)),
             Inner::Remote {
                 backend,
                 tokenizer: Some(tokenizer),
+                ..
             } => configure(MemoryAgent::new(backend, tokenizer, chosen)),
             Inner::Remote {
                 backend,
                 tokenizer: None,
+                ..
             } => {
                 let remote = RemoteTokenizer::connect(backend)?;
                 let tokenizer: &dyn TextTokenizer = &remote;

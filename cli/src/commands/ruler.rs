@@ -148,7 +148,7 @@ pub fn run(global: &GlobalArgs, args: &BenchRulerArgs) -> Result<()> {
     };
     let backend = super::ModelBackend::open(global, &args.run.backend)?;
     let (model, model_sha256) = backend.identity()?;
-    let profile = backend.profile(&args.run.profile);
+    let profile = backend.profile(&args.run.profile)?;
     let total = tasks.len() * args.lengths.len() * args.samples * args.modes.len();
     let mut skipped = 0;
     let mut ran = 0;

@@ -248,6 +248,8 @@ fn ask_through_an_openai_compatible_server() {
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["extracted"], "its opening hours");
     assert_eq!(v["model"], "RL-MemoryAgent-14B");
+    // The server says nothing of the model's size; the GGUF given as --tokenizer does.
+    assert_eq!(v["profile"]["memory_tokens"], 256);
     let seen = seen.lock().unwrap();
     let chats: Vec<_> = seen
         .iter()
@@ -261,6 +263,47 @@ fn ask_through_an_openai_compatible_server() {
     }
     // No context length from the server: the run goes on and says budget checks are off.
     assert!(stderr(&o).contains("--context-tokens"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_remote_model_of_unknown_size_needs_a_profile() {
+    // A server that knows no extra endpoint: nothing tells the served model's size.
+    let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").unwrap());
+    let port = server.server_addr().to_ip().unwrap().port();
+    let thread = {
+        let server = Arc::clone(&server);
+        std::thread::spawn(move || {
+            for request in server.incoming_requests() {
+                let _ = request.respond(
+                    tiny_http::Response::from_string("{\"error\": \"not found\"}")
+                        .with_status_code(404),
+                );
+            }
+        })
+    };
+    let base = format!("http://127.0.0.1:{port}/v1");
+    let remote = [
+        "--backend",
+        "openai",
+        "--base-url",
+        &base,
+        "--remote-model",
+        "mystery",
+    ];
+    let o = ask(&[&remote[..], &["What is it?"]].concat(), "some text");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--profile small"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("mystery"), "{}", stderr(&o));
+    // With a profile the run goes on, to the next thing it lacks: a tokenizer.
+    let o = ask(
+        &[&remote[..], &["--profile", "paper", "What is it?"]].concat(),
+        "some text",
+    );
+    server.unblock();
+    thread.join().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("--profile small"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--tokenizer"), "{}", stderr(&o));
 }
 
 fn tempdir() -> std::path::PathBuf {

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::chat::Message;
 use crate::error::Result;
-use crate::model::{GenerateOptions, LocalModel, StopReason};
+use crate::model::{DecodeStats, GenerateOptions, LocalModel, StopReason};
 use crate::tokenizer::Tokenizer;
 
 /// One reply of a backend, with its cost.
@@ -19,6 +19,8 @@ pub struct Completion {
     pub completion_tokens: usize,
     pub stop_reason: StopReason,
     pub seconds: f64,
+    /// How a local model decoded the reply (absent for a remote server).
+    pub decoding: Option<DecodeStats>,
 }
 
 /// Generates one assistant reply to a single user message (each MemAgent step is an
@@ -76,6 +78,7 @@ impl Backend for LocalModel {
             completion_tokens: reply.completion_tokens,
             stop_reason: reply.stop_reason,
             seconds: start.elapsed().as_secs_f64(),
+            decoding: Some(reply.decoding),
         })
     }
 }

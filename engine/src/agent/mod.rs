@@ -16,7 +16,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::model::{GenerateOptions, StopReason};
+use crate::model::{DecodeStats, GenerateOptions, StopReason, DEFAULT_DRAFT_TOKENS};
 use crate::sampling::SamplingParams;
 
 pub use backend::{Backend, Completion, TextTokenizer};
@@ -121,6 +121,9 @@ pub struct StepReport {
     /// because the reply was empty or echoed the instructions); absent when nothing.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repaired: Option<String>,
+    /// Decode passes and speculative drafting of the reply (local models only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decoding: Option<DecodeStats>,
 }
 
 /// The answer of a final (or direct) step.
@@ -186,6 +189,9 @@ pub struct MemoryAgent<'a> {
     /// models fall into such loops under greedy decoding and would otherwise fill the
     /// memory cap with copies. Backends that cannot stop early ignore it.
     pub repeat_guard: Option<usize>,
+    /// Most tokens drafted per forward pass by prompt lookup (greedy local decoding);
+    /// 0 decodes one token per pass. The output is the same either way.
+    pub draft_tokens: usize,
 }
 
 /// Default span of [`MemoryAgent::repeat_guard`], in tokens.
@@ -204,6 +210,7 @@ impl<'a> MemoryAgent<'a> {
             final_form: FinalForm::default(),
             sampling: SamplingParams::default(),
             repeat_guard: Some(REPEAT_GUARD_TOKENS),
+            draft_tokens: DEFAULT_DRAFT_TOKENS,
         }
     }
 
@@ -225,6 +232,8 @@ impl<'a> MemoryAgent<'a> {
             sampling: self.sampling,
             stop_on_repeat: self.repeat_guard,
             stop_on_repeated_line: self.repeat_guard.is_some(),
+            draft_tokens: self.draft_tokens,
+            ..GenerateOptions::default()
         }
     }
 
@@ -326,6 +335,7 @@ impl<'a> MemoryAgent<'a> {
             seconds: start.elapsed().as_secs_f64(),
             memory,
             repaired,
+            decoding: reply.decoding,
         })
     }
 

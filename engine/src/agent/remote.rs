@@ -25,9 +25,11 @@ pub struct RemoteOptions {
     pub retries: u32,
     /// First wait between attempts; doubled after each.
     pub backoff: Duration,
-    /// The model's context in tokens; when absent, asked from `/models` (vLLM reports
-    /// `max_model_len`) by [`OpenAiBackend::discover_context_length`].
+    /// The model's context in tokens; when absent, asked by [`OpenAiBackend::discover`].
     pub context_length: Option<usize>,
+    /// The served model's parameter count, when known (it chooses the loop's profile);
+    /// llama.cpp's server reports it, see [`OpenAiBackend::discover`].
+    pub parameters: Option<usize>,
 }
 
 impl RemoteOptions {
@@ -40,6 +42,7 @@ impl RemoteOptions {
             retries: 5,
             backoff: Duration::from_millis(500),
             context_length: None,
+            parameters: None,
         }
     }
 }
@@ -91,25 +94,50 @@ impl OpenAiBackend {
         format!("{root}/{path}")
     }
 
-    /// Asks `/models` for the served model's `max_model_len` when no context length was
-    /// given; returns what is known afterwards.
-    pub fn discover_context_length(&mut self) -> Option<usize> {
+    /// Fills in what the server says about the served model and was not given: the
+    /// context length (`max_model_len` in vLLM's `/models`, else `n_ctx` of llama.cpp's
+    /// `/props`) and the parameter count (`meta.n_params` in llama.cpp's `/models`). The
+    /// model is the `/models` entry of that name, or the only entry (llama.cpp serves one
+    /// model under its file name). Nothing is required: servers that say less leave
+    /// these unknown.
+    pub fn discover(&mut self) {
+        if self.options.context_length.is_some() && self.options.parameters.is_some() {
+            return;
+        }
+        let url = self.api_url("models");
+        match self.request(&url, None) {
+            Ok(models) => {
+                let list = models["data"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+                let entry = list
+                    .iter()
+                    .find(|m| m["id"].as_str() == Some(&self.options.model))
+                    .or(if list.len() == 1 { list.first() } else { None });
+                if let Some(entry) = entry {
+                    let number = |v: &Value| v.as_u64().map(|n| n as usize);
+                    self.options.context_length = self
+                        .options
+                        .context_length
+                        .or_else(|| number(&entry["max_model_len"]));
+                    self.options.parameters = self
+                        .options
+                        .parameters
+                        .or_else(|| number(&entry["meta"]["n_params"]));
+                }
+            }
+            Err(e) => tracing::debug!("cannot ask {url} about the model: {e}"),
+        }
         if self.options.context_length.is_none() {
-            let url = self.api_url("models");
+            let url = self.root_url("props");
             match self.request(&url, None) {
-                Ok(models) => {
-                    self.options.context_length = models["data"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .find(|m| m["id"].as_str() == Some(&self.options.model))
-                        .and_then(|m| m["max_model_len"].as_u64())
+                Ok(props) => {
+                    self.options.context_length = props["default_generation_settings"]["n_ctx"]
+                        .as_u64()
+                        .or_else(|| props["n_ctx"].as_u64())
                         .map(|n| n as usize);
                 }
                 Err(e) => tracing::debug!("cannot ask {url} for the context length: {e}"),
             }
         }
-        self.options.context_length
     }
 
     /// Sends one request (POST with `body`, else GET), retrying what can be retried.
@@ -281,6 +309,7 @@ impl Backend for OpenAiBackend {
             completion_tokens: usage("completion_tokens"),
             stop_reason,
             seconds: start.elapsed().as_secs_f64(),
+            decoding: None,
         })
     }
 }

@@ -9,7 +9,7 @@ use super::q4_1::Q4_1Matrix;
 use crate::error::Result;
 
 /// Rows at or above which the dense weights are used.
-const DENSE_MIN_ROWS: usize = 16;
+pub(crate) const DENSE_MIN_ROWS: usize = 16;
 
 /// How weights are kept in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -69,22 +69,47 @@ fn half_at(bytes: &[u8], at: usize) -> f32 {
 }
 
 /// Dot product of a Q4_1 row with a Q8_1 row.
+#[cfg(test)]
 fn dot(w: &[u8], x: &Q8_1Row) -> f32 {
+    let mut out = [0f32];
+    dots(w, &[x], &mut out);
+    out[0]
+}
+
+/// Dot products of one Q4_1 row with several Q8_1 rows: the weights are read and
+/// unpacked once per group of rows, and each row's sum is computed in exactly the order
+/// of a single product, so a result never depends on the other rows.
+fn dots(w: &[u8], xs: &[&Q8_1Row], out: &mut [f32]) {
     #[cfg(all(
         target_arch = "x86_64",
         target_feature = "avx2",
         target_feature = "fma"
     ))]
     {
-        // SAFETY: the features are compiled in; lengths agree by construction.
-        unsafe { avx2::dot(w, x) }
+        let mut at = 0;
+        while at < xs.len() {
+            let n = (xs.len() - at).min(avx2::GROUP);
+            let (x, o) = (&xs[at..at + n], &mut out[at..at + n]);
+            // SAFETY: the features are compiled in; lengths agree by construction.
+            unsafe {
+                match n {
+                    4 => avx2::dots::<4>(w, x, o),
+                    3 => avx2::dots::<3>(w, x, o),
+                    2 => avx2::dots::<2>(w, x, o),
+                    _ => avx2::dots::<1>(w, x, o),
+                }
+            }
+            at += n;
+        }
     }
     #[cfg(not(all(
         target_arch = "x86_64",
         target_feature = "avx2",
         target_feature = "fma"
     )))]
-    dot_scalar(w, x)
+    for (o, x) in out.iter_mut().zip(xs) {
+        *o = dot_scalar(w, x);
+    }
 }
 
 #[cfg_attr(
@@ -121,32 +146,42 @@ mod avx2 {
 
     use super::{half_at, Q8_1Row, BLOCK_BYTES, QK};
 
+    /// Rows of activations sharing one pass over a weight row.
+    pub(super) const GROUP: usize = 4;
+
     /// # Safety
-    /// `w` holds whole Q4_1 blocks and `x` at least as many Q8_1 blocks.
+    /// `w` holds whole Q4_1 blocks, every row of `xs` at least as many Q8_1 blocks, and
+    /// `xs` and `out` have `N` entries.
     #[inline]
-    pub(super) unsafe fn dot(w: &[u8], x: &Q8_1Row) -> f32 {
+    pub(super) unsafe fn dots<const N: usize>(w: &[u8], xs: &[&Q8_1Row], out: &mut [f32]) {
         // SAFETY: every load reads inside `w` (20-byte blocks) or `x.qs` (32 per block).
         unsafe {
-            let mut acc = _mm256_setzero_ps();
-            let mut summs = 0f32;
+            let mut acc = [_mm256_setzero_ps(); N];
+            let mut summs = [0f32; N];
             let low = _mm256_set1_epi8(0x0F);
             let ones = _mm256_set1_epi16(1);
             for (b, block) in w.chunks_exact(BLOCK_BYTES).enumerate() {
-                let d = half_at(block, 0) * x.d[b];
-                summs += half_at(block, 2) * x.s[b];
+                let (wd, wm) = (half_at(block, 0), half_at(block, 2));
                 let packed = _mm_loadu_si128(block.as_ptr().add(4) as *const __m128i);
                 let nibbles = _mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed);
                 let wq = _mm256_and_si256(nibbles, low);
-                let xq = _mm256_loadu_si256(x.qs.as_ptr().add(b * QK) as *const __m256i);
-                let pairs = _mm256_maddubs_epi16(wq, xq);
-                let sums = _mm256_madd_epi16(pairs, ones);
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sums), acc);
+                for r in 0..N {
+                    let x = xs[r];
+                    let d = wd * x.d[b];
+                    summs[r] += wm * x.s[b];
+                    let xq = _mm256_loadu_si256(x.qs.as_ptr().add(b * QK) as *const __m256i);
+                    let pairs = _mm256_maddubs_epi16(wq, xq);
+                    let sums = _mm256_madd_epi16(pairs, ones);
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sums), acc[r]);
+                }
             }
-            let hi = _mm256_extractf128_ps::<1>(acc);
-            let s = _mm_add_ps(_mm256_castps256_ps128(acc), hi);
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-            _mm_cvtss_f32(s) + summs
+            for r in 0..N {
+                let hi = _mm256_extractf128_ps::<1>(acc[r]);
+                let s = _mm_add_ps(_mm256_castps256_ps128(acc[r]), hi);
+                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+                out[r] = _mm_cvtss_f32(s) + summs[r];
+            }
         }
     }
 }
@@ -171,10 +206,11 @@ impl CustomOp1 for Q4_1Matrix {
         if dims.last() != Some(&self.k) {
             candle_core::bail!("q4_1-matmul: input {dims:?} does not end in {}", self.k)
         }
-        let rows: Vec<Q8_1Row> = data[start..end]
+        let quantized: Vec<Q8_1Row> = data[start..end]
             .chunks_exact(self.k)
             .map(quantize_q8_1)
             .collect();
+        let rows: Vec<&Q8_1Row> = quantized.iter().collect();
         let m = rows.len();
         // Output laid out row-major (m, n); work split over the n output columns.
         let mut out_t = vec![0f32; self.n * m];
@@ -185,12 +221,12 @@ impl CustomOp1 for Q4_1Matrix {
             |tasks| {
                 for task in tasks {
                     for j in task * ROWS_PER_TASK..self.n.min((task + 1) * ROWS_PER_TASK) {
-                        let w = self.row(j);
-                        for (i, x) in rows.iter().enumerate() {
-                            // SAFETY: each (j, i) cell is written by exactly one task, inside
-                            // the n * m buffer that outlives the pool call.
-                            unsafe { *(out_ptr as *mut f32).add(j * m + i) = dot(w, x) };
-                        }
+                        // SAFETY: each output row j (m cells) is written by exactly one
+                        // task, inside the n * m buffer that outlives the pool call.
+                        let cells = unsafe {
+                            std::slice::from_raw_parts_mut((out_ptr as *mut f32).add(j * m), m)
+                        };
+                        dots(self.row(j), &rows, cells);
                     }
                 }
             },
@@ -256,5 +292,39 @@ mod tests {
             (fast - exact).abs() <= 0.02 * exact.abs().max(1.0),
             "{fast} vs {exact}"
         );
+    }
+
+    /// Products with several rows at once equal one-row products bit for bit, whatever
+    /// the number of rows (groups of four and the remainders).
+    #[test]
+    fn grouped_products_equal_single_products_exactly() {
+        let k = 128;
+        let mut seed = 777u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            seed >> 8
+        };
+        let mut w = Vec::new();
+        for _ in 0..k / QK {
+            w.extend_from_slice(&f16::from_f32(0.02 + (next() % 50) as f32 * 1e-4).to_le_bytes());
+            w.extend_from_slice(&f16::from_f32(-0.1 + (next() % 50) as f32 * 1e-3).to_le_bytes());
+            w.extend((0..QK / 2).map(|_| (next() & 0xFF) as u8));
+        }
+        let rows: Vec<Q8_1Row> = (0..11)
+            .map(|_| {
+                let x: Vec<f32> = (0..k)
+                    .map(|_| (next() % 4000) as f32 / 997.0 - 2.0)
+                    .collect();
+                quantize_q8_1(&x)
+            })
+            .collect();
+        for m in 1..=rows.len() {
+            let refs: Vec<&Q8_1Row> = rows[..m].iter().collect();
+            let mut out = vec![0f32; m];
+            dots(&w, &refs, &mut out);
+            for (i, x) in rows[..m].iter().enumerate() {
+                assert_eq!(out[i].to_bits(), dot(&w, x).to_bits(), "{m} rows, row {i}");
+            }
+        }
     }
 }

@@ -8,7 +8,7 @@ use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use super::attention::causal_attention;
-use super::linear::{Linear, WeightPlan};
+use super::linear::{Linear, WeightPlan, DENSE_MIN_ROWS};
 use super::Config;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -60,6 +60,38 @@ impl KvCache {
 
     pub fn batch(&self) -> usize {
         self.batch
+    }
+
+    /// Forgets every position from `len` on (rejected draft tokens); the buffers stay.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// A separate copy of the first `len` positions, with room reserved for `capacity`.
+    pub fn fork(&self, len: usize, capacity: usize) -> Result<KvCache> {
+        let len = len.min(self.len);
+        let capacity = capacity.max(len);
+        // Always a new buffer: the copy is written to while the original is kept.
+        let copy = |t: &Tensor| -> Result<Tensor> {
+            let (b, h, _, d) = t.dims4()?;
+            let buffer = Tensor::zeros((b, h, capacity, d), t.dtype(), t.device())?;
+            buffer.slice_set(&t.narrow(2, 0, len)?.contiguous()?, 2, 0)?;
+            Ok(buffer)
+        };
+        let layers = self
+            .layers
+            .iter()
+            .map(|layer| match layer {
+                Some((k, v)) if len > 0 => Ok(Some((copy(k)?, copy(v)?))),
+                _ => Ok(None),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KvCache {
+            layers,
+            batch: self.batch,
+            len,
+            capacity,
+        })
     }
 
     /// Appends this layer's new keys/values, growing the buffers when needed, and
@@ -225,6 +257,71 @@ impl Transformer {
     /// position of each sequence, (b, vocab). Long inputs go through in chunks of
     /// [`PREFILL_CHUNK`] tokens.
     pub fn forward(&self, ids: &[Vec<u32>], cache: &mut KvCache) -> Result<Tensor> {
+        let (b, t) = self.check_input(ids, cache)?;
+        let mut logits = None;
+        let mut start = 0;
+        while start < t {
+            // Chunks end at multiples of PREFILL_CHUNK positions, wherever the input
+            // starts, so that a prompt resumed from a cached prefix is cut as a whole one is.
+            let to_boundary = PREFILL_CHUNK - (cache.len % PREFILL_CHUNK);
+            let len = to_boundary.min(t - start);
+            let chunk: Vec<u32> = ids
+                .iter()
+                .flat_map(|row| row[start..start + len].iter().copied())
+                .collect();
+            let chunk = Tensor::from_vec(chunk, (b, len), &self.device)?;
+            let want = if start + len == t {
+                Logits::Last
+            } else {
+                Logits::None
+            };
+            logits = Some(self.forward_chunk(&chunk, cache, want)?);
+            start += len;
+        }
+        Ok(logits.flatten().expect("the last chunk returns logits"))
+    }
+
+    /// Runs a few tokens `ids` (b, t) after what `cache` holds and returns the logits
+    /// after every one of them, (b, t, vocab): the verification pass of speculative
+    /// decoding. Up to [`Transformer::MAX_VERIFY`] tokens take the same kernels as
+    /// one-token decoding, so each position's logits equal those of decoding its tokens
+    /// one at a time.
+    pub fn forward_all(&self, ids: &[Vec<u32>], cache: &mut KvCache) -> Result<Tensor> {
+        let (b, t) = self.check_input(ids, cache)?;
+        if b * t > Self::MAX_VERIFY {
+            return Err(Error::InvalidRequest(format!(
+                "forward_all takes at most {} tokens in all, got {b} x {t}",
+                Self::MAX_VERIFY
+            )));
+        }
+        let chunk = Tensor::from_vec(ids.concat(), (b, t), &self.device)?;
+        Ok(self
+            .forward_chunk(&chunk, cache, Logits::All)?
+            .expect("all logits requested"))
+    }
+
+    /// The most tokens [`Transformer::forward_all`] takes at once.
+    pub const MAX_VERIFY: usize = DENSE_MIN_ROWS - 1;
+
+    /// The latest position at or before `shared` from which [`Transformer::forward`] of
+    /// the rest of a `len`-token prompt computes every remaining position with the same
+    /// kernels as a forward of the whole prompt (a short run of rows takes the decode
+    /// kernels, a long one the prefill GEMM), so that resuming from a cached prefix gives
+    /// the same numbers.
+    pub fn resume_point(len: usize, shared: usize) -> usize {
+        let shared = shared.min(len);
+        let chunk_start = shared / PREFILL_CHUNK * PREFILL_CHUNK;
+        let chunk_end = (chunk_start + PREFILL_CHUNK).min(len);
+        let whole = chunk_end - chunk_start;
+        let rest = chunk_end - shared;
+        if shared > chunk_start && whole >= DENSE_MIN_ROWS && rest < DENSE_MIN_ROWS {
+            chunk_end - DENSE_MIN_ROWS
+        } else {
+            shared
+        }
+    }
+
+    fn check_input(&self, ids: &[Vec<u32>], cache: &KvCache) -> Result<(usize, usize)> {
         let b = ids.len();
         let t = ids.first().map_or(0, Vec::len);
         if b == 0 || t == 0 || ids.iter().any(|row| row.len() != t) {
@@ -258,26 +355,14 @@ impl Transformer {
                 self.config.vocab_size
             )));
         }
-        let mut logits = None;
-        let mut start = 0;
-        while start < t {
-            let len = PREFILL_CHUNK.min(t - start);
-            let chunk: Vec<u32> = ids
-                .iter()
-                .flat_map(|row| row[start..start + len].iter().copied())
-                .collect();
-            let chunk = Tensor::from_vec(chunk, (b, len), &self.device)?;
-            logits = Some(self.forward_chunk(&chunk, cache, start + len == t)?);
-            start += len;
-        }
-        Ok(logits.flatten().expect("the last chunk returns logits"))
+        Ok((b, t))
     }
 
     fn forward_chunk(
         &self,
         ids: &Tensor,
         cache: &mut KvCache,
-        want_logits: bool,
+        want: Logits,
     ) -> Result<Option<Tensor>> {
         let (b, t) = ids.dims2()?;
         let cfg = &self.config;
@@ -325,16 +410,27 @@ impl Transformer {
             x = (x + block.w_down.forward(&ff)?)?;
         }
         cache.len += t;
-        if !want_logits {
-            return Ok(None);
-        }
-        let last = x.narrow(1, t - 1, 1)?.contiguous()?;
-        let last = candle_nn::ops::rms_norm(&last, &self.norm, cfg.rms_eps)?;
-        let logits = self.lm_head.forward(&last)?;
-        Ok(Some(
-            logits.reshape((b, cfg.vocab_size))?.to_dtype(DType::F32)?,
-        ))
+        let x = match want {
+            Logits::None => return Ok(None),
+            Logits::Last => x.narrow(1, t - 1, 1)?.contiguous()?,
+            Logits::All => x,
+        };
+        let rows = x.dim(1)?;
+        let x = candle_nn::ops::rms_norm(&x, &self.norm, cfg.rms_eps)?;
+        let logits = self.lm_head.forward(&x)?.to_dtype(DType::F32)?;
+        Ok(Some(match want {
+            Logits::All => logits.reshape((b, rows, cfg.vocab_size))?,
+            _ => logits.reshape((b, cfg.vocab_size))?,
+        }))
     }
+}
+
+/// Which positions of a forward pass produce logits.
+#[derive(Clone, Copy)]
+enum Logits {
+    None,
+    Last,
+    All,
 }
 
 /// `t` with every value rounded to the nearest f16, in place on CPU. Callers pass
@@ -388,4 +484,24 @@ pub fn rope_tables(cfg: &Config, device: &Device) -> Result<(Tensor, Tensor)> {
     }
     let angles = Tensor::from_vec(angles, (n, half), device)?;
     Ok((angles.cos()?, angles.sin()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Transformer;
+
+    #[test]
+    fn resuming_keeps_every_row_on_the_kernels_of_a_whole_prefill() {
+        // A long first chunk would end with 12 rows: resume 16 rows before its end.
+        assert_eq!(Transformer::resume_point(1000, 500), 496);
+        assert_eq!(Transformer::resume_point(1000, 100), 100);
+        // A prompt of 40 tokens: its last row alone would take the decode kernels.
+        assert_eq!(Transformer::resume_point(40, 39), 24);
+        // Short final chunks take the decode kernels either way.
+        assert_eq!(Transformer::resume_point(10, 9), 9);
+        assert_eq!(Transformer::resume_point(520, 515), 515);
+        assert_eq!(Transformer::resume_point(600, 520), 520);
+        // A boundary is always safe.
+        assert_eq!(Transformer::resume_point(1000, 512), 512);
+    }
 }

@@ -309,12 +309,37 @@ fn context_length_from_models_drives_the_budget_check() {
         }
     }));
     let mut backend = server.backend();
-    assert_eq!(backend.discover_context_length(), Some(4096));
+    backend.discover();
+    assert_eq!(backend.options().context_length, Some(4096));
+    assert_eq!(backend.options().parameters, None);
     let tokenizer = tokenizer();
     let agent = MemoryAgent::new(&backend, &tokenizer, Profile::PAPER);
     let err = agent.budget("What number?").unwrap_err().to_string();
     assert!(err.contains("4096"), "{err}");
     assert!(err.contains("--chunk-tokens"), "{err}");
+}
+
+#[test]
+fn a_llama_cpp_server_tells_the_model_size_and_its_context() {
+    // llama.cpp's server: one model under its file name, its size in `meta`, the
+    // context it was started with (-c) in /props.
+    let server = Loopback::start(Box::new(|req, _| match req.path.as_str() {
+        "/v1/models" => {
+            let body = json!({"object": "list", "data": [{
+                "id": "models/SmolLM2-135M-Instruct.Q4_1.gguf", "object": "model",
+                "meta": {"n_params": 134_515_008u64, "n_ctx_train": 8192, "n_vocab": 49152}}]});
+            (200, body.to_string())
+        }
+        "/props" => (
+            200,
+            json!({"default_generation_settings": {"n_ctx": 6144}}).to_string(),
+        ),
+        _ => (404, json!({"error": "not found"}).to_string()),
+    }));
+    let mut backend = server.backend();
+    backend.discover();
+    assert_eq!(backend.options().parameters, Some(134_515_008));
+    assert_eq!(backend.options().context_length, Some(6144));
 }
 
 #[test]

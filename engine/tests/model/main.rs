@@ -4,4 +4,6 @@
 mod conformance;
 mod generation;
 mod loader;
+mod prefix;
+mod speculative;
 mod support;

@@ -1,0 +1,117 @@
+//! Reuse of shared prompt prefixes. Every step of the memory loop starts with the same
+//! tokens (the chat template's head, the instructions and the question); their keys and
+//! values are computed once and copied into later prompts that start the same way.
+//!
+//! The cache learns where prompts stop agreeing: a prompt that shares no long prefix with
+//! an entry is stored (its first [`MAX_ENTRY_TOKENS`] tokens); when a later prompt agrees
+//! with an entry for only part of it, the entry is cut to the agreeing part, the template's
+//! constant head. Entries are few and short, so the cache stays within
+//! [`MAX_ENTRIES`] × [`MAX_ENTRY_TOKENS`] positions.
+
+use crate::error::Result;
+use crate::models::{KvCache, Transformer};
+
+/// Entries kept (least recently used dropped first).
+pub const MAX_ENTRIES: usize = 8;
+/// Prompt positions stored per entry.
+pub const MAX_ENTRY_TOKENS: usize = 1024;
+/// Shortest shared prefix worth reusing.
+pub const MIN_SHARED_TOKENS: usize = 32;
+
+struct Entry {
+    ids: Vec<u32>,
+    cache: KvCache,
+}
+
+/// Keys and values of recent prompt prefixes, for one model.
+#[derive(Default)]
+pub(crate) struct PrefixCache {
+    /// Least recently used first.
+    entries: Vec<Entry>,
+}
+
+/// Size of a [`PrefixCache`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixCacheStats {
+    pub entries: usize,
+    /// Positions held in all entries together.
+    pub tokens: usize,
+}
+
+fn shared(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl PrefixCache {
+    /// The entry sharing the longest prefix with `prompt` (at least
+    /// [`MIN_SHARED_TOKENS`]), and how many tokens it shares.
+    fn best(&self, prompt: &[u32]) -> Option<(usize, usize)> {
+        self.entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (i, shared(&e.ids, prompt)))
+            .filter(|&(_, n)| n >= MIN_SHARED_TOKENS)
+            .max_by_key(|&(i, n)| (n, i))
+    }
+
+    /// A cache for a sequence of `capacity` tokens holding as much of `prompt`'s prefix
+    /// as an entry has (never all of it: the last prompt token is left to compute, since
+    /// its logits are needed; and never so much that the rest would take other kernels
+    /// than a whole prefill, see [`Transformer::resume_point`]), and how many tokens
+    /// that is.
+    pub(crate) fn start(
+        &mut self,
+        prompt: &[u32],
+        capacity: usize,
+    ) -> Result<Option<(KvCache, usize)>> {
+        let Some((i, n)) = self.best(prompt) else {
+            return Ok(None);
+        };
+        let reuse = Transformer::resume_point(prompt.len(), n.min(prompt.len().saturating_sub(1)));
+        if reuse < MIN_SHARED_TOKENS {
+            return Ok(None);
+        }
+        let entry = self.entries.remove(i);
+        let cache = entry.cache.fork(reuse, capacity)?;
+        self.entries.push(entry);
+        Ok(Some((cache, reuse)))
+    }
+
+    /// Records the prompt whose keys and values `cache` now holds (at least its first
+    /// `prompt.len()` positions, or what fits in an entry).
+    pub(crate) fn remember(&mut self, prompt: &[u32], cache: &KvCache) -> Result<()> {
+        if let Some((i, n)) = self.best(prompt) {
+            let mut entry = self.entries.remove(i);
+            if n < entry.ids.len() {
+                // The entry's tail was one prompt's own text: keep the shared head.
+                entry.ids.truncate(n);
+                entry.cache = entry.cache.fork(n, n)?;
+            }
+            self.entries.push(entry);
+            return Ok(());
+        }
+        let keep = prompt.len().min(MAX_ENTRY_TOKENS).min(cache.len());
+        if keep < MIN_SHARED_TOKENS {
+            return Ok(());
+        }
+        if self.entries.len() >= MAX_ENTRIES {
+            self.entries.remove(0);
+        }
+        self.entries.push(Entry {
+            ids: prompt[..keep].to_vec(),
+            cache: cache.fork(keep, keep)?,
+        });
+        Ok(())
+    }
+
+    pub(crate) fn stats(&self) -> PrefixCacheStats {
+        PrefixCacheStats {
+            entries: self.entries.len(),
+            tokens: self.entries.iter().map(|e| e.ids.len()).sum(),
+        }
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.entries.clear();
+    }
+}
