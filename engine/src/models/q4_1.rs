@@ -68,12 +68,24 @@ fn half_at(bytes: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }
 
-/// Dot product of a Q4_1 row with a Q8_1 row.
+/// Dot product of a Q4_1 row with a Q8_1 row (the kernel uses it for single rows).
 #[cfg(test)]
 fn dot(w: &[u8], x: &Q8_1Row) -> f32 {
-    let mut out = [0f32];
-    dots(w, &[x], &mut out);
-    out[0]
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    {
+        // SAFETY: the features are compiled in; lengths agree by construction.
+        unsafe { avx2::dot(w, x) }
+    }
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    )))]
+    dot_scalar(w, x)
 }
 
 /// Dot products of one Q4_1 row with several Q8_1 rows: the weights are read and
@@ -96,7 +108,8 @@ fn dots(w: &[u8], xs: &[&Q8_1Row], out: &mut [f32]) {
                     4 => avx2::dots::<4>(w, x, o),
                     3 => avx2::dots::<3>(w, x, o),
                     2 => avx2::dots::<2>(w, x, o),
-                    _ => avx2::dots::<1>(w, x, o),
+                    // One row (decode): the plain product, a little faster.
+                    _ => o[0] = avx2::dot(w, x[0]),
                 }
             }
             at += n;
@@ -145,6 +158,35 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use super::{half_at, Q8_1Row, BLOCK_BYTES, QK};
+
+    /// # Safety
+    /// `w` holds whole Q4_1 blocks and `x` at least as many Q8_1 blocks.
+    #[inline]
+    pub(super) unsafe fn dot(w: &[u8], x: &Q8_1Row) -> f32 {
+        // SAFETY: every load reads inside `w` (20-byte blocks) or `x.qs` (32 per block).
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            let mut summs = 0f32;
+            let low = _mm256_set1_epi8(0x0F);
+            let ones = _mm256_set1_epi16(1);
+            for (b, block) in w.chunks_exact(BLOCK_BYTES).enumerate() {
+                let d = half_at(block, 0) * x.d[b];
+                summs += half_at(block, 2) * x.s[b];
+                let packed = _mm_loadu_si128(block.as_ptr().add(4) as *const __m128i);
+                let nibbles = _mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed);
+                let wq = _mm256_and_si256(nibbles, low);
+                let xq = _mm256_loadu_si256(x.qs.as_ptr().add(b * QK) as *const __m256i);
+                let pairs = _mm256_maddubs_epi16(wq, xq);
+                let sums = _mm256_madd_epi16(pairs, ones);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sums), acc);
+            }
+            let hi = _mm256_extractf128_ps::<1>(acc);
+            let s = _mm_add_ps(_mm256_castps256_ps128(acc), hi);
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+            _mm_cvtss_f32(s) + summs
+        }
+    }
 
     /// Rows of activations sharing one pass over a weight row.
     pub(super) const GROUP: usize = 4;
