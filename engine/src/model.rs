@@ -123,14 +123,6 @@ impl DecodeStats {
     pub fn acceptance_rate(&self) -> f64 {
         self.accepted as f64 / self.drafted.max(1) as f64
     }
-
-    /// Sums of several replies' figures.
-    pub fn add(&mut self, other: &DecodeStats) {
-        self.cached_prompt += other.cached_prompt;
-        self.passes += other.passes;
-        self.drafted += other.drafted;
-        self.accepted += other.accepted;
-    }
 }
 
 impl Generation {
@@ -141,11 +133,6 @@ impl Generation {
     /// Tokens per second after the first one (which comes out of the prefill).
     pub fn decode_tokens_per_second(&self) -> f64 {
         self.completion_tokens.saturating_sub(1) as f64 / self.decode_seconds.max(f64::EPSILON)
-    }
-
-    /// Tokens generated per decode forward pass (1 without speculation).
-    pub fn tokens_per_pass(&self) -> f64 {
-        self.completion_tokens.saturating_sub(1) as f64 / self.decoding.passes.max(1) as f64
     }
 }
 
@@ -419,9 +406,6 @@ impl LocalModel {
                     } else {
                         (accepted + 1).min(max_draft)
                     };
-                }
-                if generated.len() >= options.max_new_tokens {
-                    break;
                 }
                 cache.truncate(prompt.len() + generated.len());
                 row = rows

@@ -187,51 +187,53 @@ impl ModelBackend {
 
     /// The model's default profile with the command line's overrides.
     pub fn profile(&self, overrides: &ProfileArgs) -> Result<Profile> {
-        let base = match (&self.inner, overrides.profile) {
-            (_, Some(kind)) => kind.profile(),
-            (Inner::Local(model), None) => {
-                Profile::for_model(model.name(), Some(model.parameters()))
-            }
-            (
-                Inner::Remote {
-                    backend,
-                    tokenizer_parameters,
-                    ..
-                },
-                None,
-            ) => {
-                let name = &backend.options().model;
-                let parameters = backend.options().parameters.or(*tokenizer_parameters);
-                let config = &self.profile;
-                let all_given = overrides.chunk_tokens.or(config.chunk_tokens).is_some()
-                    && overrides.memory_tokens.or(config.memory_tokens).is_some()
-                    && overrides.answer_tokens.or(config.answer_tokens).is_some();
-                let Some(parameters) = parameters.or(all_given.then_some(0)) else {
-                    anyhow::bail!(
-                        "the size of the remote model {name} is unknown, so the loop cannot \
-                         choose its chunk and memory sizes: pass --profile small (models under \
-                         1B parameters: C = 1024, M = 256) or --profile paper (C = 5000, \
-                         M = 1024), or --tokenizer with the served model's GGUF file"
-                    );
-                };
-                // With every size given, the base profile is not used.
-                Profile::for_model(name, Some(parameters))
-            }
+        // The model's own profile, needed only for the sizes nothing else gives.
+        let base = || -> Result<Profile> {
+            Ok(match (&self.inner, overrides.profile) {
+                (_, Some(kind)) => kind.profile(),
+                (Inner::Local(model), None) => {
+                    Profile::for_model(model.name(), Some(model.parameters()))
+                }
+                (
+                    Inner::Remote {
+                        backend,
+                        tokenizer_parameters,
+                        ..
+                    },
+                    None,
+                ) => {
+                    let name = &backend.options().model;
+                    let Some(parameters) = backend.options().parameters.or(*tokenizer_parameters)
+                    else {
+                        anyhow::bail!(
+                            "the size of the remote model {name} is unknown, so the loop \
+                             cannot choose its chunk and memory sizes: pass --profile small \
+                             (models under 1B parameters: C = 1024, M = 256) or --profile \
+                             paper (C = 5000, M = 1024), or --tokenizer with the served \
+                             model's GGUF file"
+                        );
+                    };
+                    Profile::for_model(name, Some(parameters))
+                }
+            })
         };
         let config = &self.profile;
+        let size = |given: Option<usize>, from: fn(&Profile) -> usize| -> Result<usize> {
+            match given {
+                Some(n) => Ok(n),
+                None => Ok(from(&base()?)),
+            }
+        };
         Ok(Profile {
-            chunk_tokens: overrides
-                .chunk_tokens
-                .or(config.chunk_tokens)
-                .unwrap_or(base.chunk_tokens),
-            memory_tokens: overrides
-                .memory_tokens
-                .or(config.memory_tokens)
-                .unwrap_or(base.memory_tokens),
-            answer_tokens: overrides
-                .answer_tokens
-                .or(config.answer_tokens)
-                .unwrap_or(base.answer_tokens),
+            chunk_tokens: size(overrides.chunk_tokens.or(config.chunk_tokens), |p| {
+                p.chunk_tokens
+            })?,
+            memory_tokens: size(overrides.memory_tokens.or(config.memory_tokens), |p| {
+                p.memory_tokens
+            })?,
+            answer_tokens: size(overrides.answer_tokens.or(config.answer_tokens), |p| {
+                p.answer_tokens
+            })?,
         })
     }
 

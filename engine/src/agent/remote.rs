@@ -124,7 +124,11 @@ impl OpenAiBackend {
                         .or_else(|| number(&entry["meta"]["n_params"]));
                 }
             }
-            Err(e) => tracing::debug!("cannot ask {url} about the model: {e}"),
+            Err(e) => {
+                // The server is down or not OpenAI-like: asking it more only waits longer.
+                tracing::debug!("cannot ask {url} about the model: {e}");
+                return;
+            }
         }
         if self.options.context_length.is_none() {
             let url = self.root_url("props");

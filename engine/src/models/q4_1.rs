@@ -180,11 +180,20 @@ mod avx2 {
                 let sums = _mm256_madd_epi16(pairs, ones);
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sums), acc);
             }
+            hsum(acc) + summs
+        }
+    }
+
+    /// The sum of eight lanes, in the order every product here uses.
+    #[inline(always)]
+    fn hsum(acc: __m256) -> f32 {
+        // SAFETY: AVX2 is compiled in (this module exists only then).
+        unsafe {
             let hi = _mm256_extractf128_ps::<1>(acc);
             let s = _mm_add_ps(_mm256_castps256_ps128(acc), hi);
             let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
             let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-            _mm_cvtss_f32(s) + summs
+            _mm_cvtss_f32(s)
         }
     }
 
@@ -218,11 +227,7 @@ mod avx2 {
                 }
             }
             for r in 0..N {
-                let hi = _mm256_extractf128_ps::<1>(acc[r]);
-                let s = _mm_add_ps(_mm256_castps256_ps128(acc[r]), hi);
-                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-                let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-                out[r] = _mm_cvtss_f32(s) + summs[r];
+                out[r] = hsum(acc[r]) + summs[r];
             }
         }
     }
