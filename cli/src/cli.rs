@@ -529,6 +529,13 @@ impl ProfileKind {
             Self::Paper => memagent_engine::agent::Profile::PAPER,
         }
     }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Small => "small",
+            Self::Paper => "paper",
+        }
+    }
 }
 
 /// Which backend runs the model.
@@ -664,6 +671,79 @@ pub enum BenchCommand {
         Example:\n  memctl bench ruler --tasks niah_single,niah_multikey,vt --samples 5 --out ruler-run"
     )]
     Ruler(Box<BenchRulerArgs>),
+    /// The local loop against the same loop driven through llama.cpp's server on the same
+    /// model file, in one run: input tokens/s of each and their ratio, generated tokens,
+    /// prefill and decode seconds, end to end and at a fixed generation length
+    #[command(
+        after_help = "Example:\n  memctl bench loop --llama-server ~/llama.cpp/build/bin/llama-server\n\n\
+        The server is started on the model file for each profile with -c fitting the \
+        profile's largest step and -t the threads this machine has, and stopped after."
+    )]
+    Loop(BenchLoopArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchLoopArgs {
+    /// llama.cpp's `llama-server` binary, started on the model file for each profile
+    #[arg(long, value_name = "PATH")]
+    pub llama_server: Option<PathBuf>,
+    /// Instead of --llama-server: an OpenAI-compatible server already serving the same
+    /// model with a context that fits every profile run
+    #[arg(long, value_name = "URL")]
+    pub server_url: Option<String>,
+    /// The model name sent to the server
+    #[arg(long, default_value = "memagent-bench", value_name = "NAME")]
+    pub remote_model: String,
+    /// Profiles to run (comma-separated)
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "small,paper")]
+    pub profiles: Vec<ProfileKind>,
+    /// `end-to-end` (the loop as users run it, each engine stopping where it stops) and
+    /// `fixed` (every reply runs to its cap: end of turn ignored, no loop stops, so both
+    /// generate the same number of tokens)
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "end-to-end,fixed"
+    )]
+    pub modes: Vec<LoopMode>,
+    /// Document length in tokens (a needle in filler)
+    #[arg(long, default_value_t = 16384, value_name = "N")]
+    pub tokens: usize,
+    /// Documents per profile and mode (needles at spread depths)
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub documents: usize,
+    /// Seed of the first document
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Threads of llama-server [default: this machine's, as the local engine uses]
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+    /// Folder of .txt files for filler [default: ../shared/data/haystack/paul-graham-essays
+    /// when it exists, else RULER's noise]
+    #[arg(long, value_name = "DIR")]
+    pub haystack: Option<PathBuf>,
+    /// Print results as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// How `memctl bench loop` runs the loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LoopMode {
+    /// As users run it
+    EndToEnd,
+    /// Every reply exactly at its cap
+    Fixed,
+}
+
+impl LoopMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::EndToEnd => "end-to-end",
+            Self::Fixed => "fixed",
+        }
+    }
 }
 
 #[derive(Debug, Args)]

@@ -61,6 +61,10 @@ pub struct GenerateOptions {
     /// Reuse the keys and values of a prompt prefix computed for an earlier prompt (see
     /// [`crate::prefix`]); results agree with a full prefill to rounding.
     pub reuse_prefix: bool,
+    /// Never end at an end-of-turn token (it is never chosen): every reply runs to
+    /// `max_new_tokens` unless a loop stop ends it, for benchmarks of a fixed generation
+    /// length (llama.cpp's and vLLM's `ignore_eos`).
+    pub ignore_eos: bool,
 }
 
 impl Default for GenerateOptions {
@@ -72,6 +76,7 @@ impl Default for GenerateOptions {
             stop_on_repeated_line: false,
             draft_tokens: DEFAULT_DRAFT_TOKENS,
             reuse_prefix: true,
+            ignore_eos: false,
         }
     }
 }
@@ -359,6 +364,7 @@ impl LocalModel {
             // The cache holds the prompt and every generated token but the last;
             // `row` predicts the token after the last.
             'decode: loop {
+                self.mask_stops(&mut row, options);
                 let next = sampler.sample(&row);
                 if let Some(reason) = self.push_token(&mut generated, next, options)? {
                     stop_reason = reason;
@@ -374,7 +380,7 @@ impl LocalModel {
                 let mut input = vec![next];
                 input.extend_from_slice(&draft);
                 decoding.passes += 1;
-                let rows: Vec<Vec<f32>> = if draft.is_empty() {
+                let mut rows: Vec<Vec<f32>> = if draft.is_empty() {
                     vec![self
                         .transformer
                         .forward(&[input], &mut cache)?
@@ -389,6 +395,7 @@ impl LocalModel {
                 decoding.drafted += draft.len();
                 let mut accepted = 0;
                 for (i, &token) in draft.iter().enumerate() {
+                    self.mask_stops(&mut rows[i], options);
                     if argmax(&rows[i]) != token {
                         break;
                     }
@@ -484,6 +491,17 @@ impl LocalModel {
         self.prefixes().clear();
     }
 
+    /// Rules out end-of-turn tokens when `options` ignore them.
+    fn mask_stops(&self, row: &mut [f32], options: &GenerateOptions) {
+        if options.ignore_eos {
+            for &id in self.tokenizer.stop_ids() {
+                if let Some(logit) = row.get_mut(id as usize) {
+                    *logit = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+
     /// Appends one generated token and applies the stops of `options`: the reason to
     /// stop, if any, with `generated` cut where the stop says.
     fn push_token(
@@ -550,7 +568,7 @@ fn lookup_draft(prompt: &[u32], generated: &[u32], max: usize) -> Vec<u32> {
 
 /// When the last `span` tokens of `tokens` already occur earlier in it, the length to keep
 /// (everything before that repeated tail).
-fn repeated_tail(tokens: &[u32], span: usize) -> Option<usize> {
+pub(crate) fn repeated_tail(tokens: &[u32], span: usize) -> Option<usize> {
     let len = tokens.len();
     if span == 0 || len < 2 * span {
         return None;

@@ -6,6 +6,7 @@ mod client;
 mod daemon;
 mod db;
 mod generate;
+mod loop_bench;
 mod model;
 mod ruler;
 mod streams;
@@ -53,6 +54,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(BenchCommand::Store(args)) => bench::store(&cli.global, &args),
         Command::Bench(BenchCommand::Daemon(args)) => bench::daemon(&cli.global, &args),
         Command::Bench(BenchCommand::Ruler(args)) => ruler::run(&cli.global, &args),
+        Command::Bench(BenchCommand::Loop(args)) => loop_bench::run(&cli.global, &args),
         Command::Train(args) => train::run(&cli.global, &args),
     }
 }

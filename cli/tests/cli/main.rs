@@ -1,6 +1,7 @@
 //! `memctl` run as a real process on the real default model.
 
 mod ask;
+mod bench_loop;
 mod ruler;
 mod watch;
 

@@ -21,6 +21,16 @@ pub struct Completion {
     pub seconds: f64,
     /// How a local model decoded the reply (absent for a remote server).
     pub decoding: Option<DecodeStats>,
+    /// Prompt and generation time, when known: a local model's own clock, llama.cpp's
+    /// `timings`, else the first streamed content as the end of the prompt's processing.
+    pub timings: Option<Timings>,
+}
+
+/// Where a reply's time went.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Timings {
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
 }
 
 /// Generates one assistant reply to a single user message (each MemAgent step is an
@@ -79,6 +89,10 @@ impl Backend for LocalModel {
             stop_reason: reply.stop_reason,
             seconds: start.elapsed().as_secs_f64(),
             decoding: Some(reply.decoding),
+            timings: Some(Timings {
+                prefill_seconds: reply.prefill_seconds,
+                decode_seconds: reply.decode_seconds,
+            }),
         })
     }
 }

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::model::{DecodeStats, GenerateOptions, StopReason, DEFAULT_DRAFT_TOKENS};
 use crate::sampling::SamplingParams;
 
-pub use backend::{Backend, Completion, TextTokenizer};
+pub use backend::{Backend, Completion, TextTokenizer, Timings};
 pub use protocol::{
     extract_answer, memory_text, FinalForm, Template, DIRECT_BOXED, DIRECT_EVAL, FINAL_BOXED,
     FINAL_EVAL, GENERAL_ANSWER, GENERAL_UPDATE, NO_MEMORY, UPDATE,
@@ -124,6 +124,9 @@ pub struct StepReport {
     /// Decode passes and speculative drafting of the reply (local models only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub decoding: Option<DecodeStats>,
+    /// Prompt and generation time of the reply, when the backend knows them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
 }
 
 /// The answer of a final (or direct) step.
@@ -138,6 +141,9 @@ pub struct AnswerReport {
     pub completion_tokens: usize,
     pub stop_reason: StopReason,
     pub seconds: f64,
+    /// Prompt and generation time of the reply, when the backend knows them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
 }
 
 /// A whole run of the loop over one document.
@@ -192,6 +198,9 @@ pub struct MemoryAgent<'a> {
     /// Most tokens drafted per forward pass by prompt lookup (greedy local decoding);
     /// 0 decodes one token per pass. The output is the same either way.
     pub draft_tokens: usize,
+    /// Replies never end at an end-of-turn token: each runs to its cap unless the repeat
+    /// guard stops it (fixed-length benchmarks; memories written so are not useful).
+    pub ignore_eos: bool,
 }
 
 /// Default span of [`MemoryAgent::repeat_guard`], in tokens.
@@ -211,6 +220,7 @@ impl<'a> MemoryAgent<'a> {
             sampling: SamplingParams::default(),
             repeat_guard: Some(REPEAT_GUARD_TOKENS),
             draft_tokens: DEFAULT_DRAFT_TOKENS,
+            ignore_eos: false,
         }
     }
 
@@ -233,6 +243,7 @@ impl<'a> MemoryAgent<'a> {
             stop_on_repeat: self.repeat_guard,
             stop_on_repeated_line: self.repeat_guard.is_some(),
             draft_tokens: self.draft_tokens,
+            ignore_eos: self.ignore_eos,
             ..GenerateOptions::default()
         }
     }
@@ -336,6 +347,7 @@ impl<'a> MemoryAgent<'a> {
             memory,
             repaired,
             decoding: reply.decoding,
+            timings: reply.timings,
         })
     }
 
@@ -368,6 +380,7 @@ impl<'a> MemoryAgent<'a> {
             completion_tokens: reply.completion_tokens,
             stop_reason: reply.stop_reason,
             seconds: reply.seconds,
+            timings: reply.timings,
         })
     }
 

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::backend::{Backend, Completion, TextTokenizer};
+use super::backend::{Backend, Completion, TextTokenizer, Timings};
 use crate::error::{Error, Result};
 use crate::model::{GenerateOptions, StopReason};
 
@@ -144,12 +144,24 @@ impl OpenAiBackend {
         }
     }
 
-    /// Sends one request (POST with `body`, else GET), retrying what can be retried.
+    /// Sends one request (POST with `body`, else GET), retrying what can be retried, and
+    /// parses the JSON answer.
     fn request(&self, url: &str, body: Option<&Value>) -> Result<Value> {
+        self.send(url, body, &mut |_, reply| read_json(url, reply))
+    }
+
+    /// Sends one request and hands a successful answer (its content type and body) to
+    /// `read`; 429, 5xx and transport failures, while sending or in `read`, start over.
+    fn send<T>(
+        &self,
+        url: &str,
+        body: Option<&Value>,
+        read: &mut dyn FnMut(&str, &mut ureq::Body) -> std::result::Result<T, Attempt>,
+    ) -> Result<T> {
         let mut wait = self.options.backoff;
         let mut attempt = 0;
         loop {
-            let outcome = self.attempt(url, body);
+            let outcome = self.attempt(url, body, read);
             let retry_after = match &outcome {
                 Err(Attempt::Retry { retry_after, .. }) => *retry_after,
                 _ => None,
@@ -174,7 +186,12 @@ impl OpenAiBackend {
         }
     }
 
-    fn attempt(&self, url: &str, body: Option<&Value>) -> std::result::Result<Value, Attempt> {
+    fn attempt<T>(
+        &self,
+        url: &str,
+        body: Option<&Value>,
+        read: &mut dyn FnMut(&str, &mut ureq::Body) -> std::result::Result<T, Attempt>,
+    ) -> std::result::Result<T, Attempt> {
         let sent = match body {
             Some(body) => {
                 let mut req = self.agent.post(url);
@@ -196,6 +213,15 @@ impl OpenAiBackend {
             retry_after: None,
         })?;
         let status = response.status().as_u16();
+        if (200..300).contains(&status) {
+            let content_type = response
+                .headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            return read(&content_type, response.body_mut());
+        }
         let retry_after = response
             .headers()
             .get("retry-after")
@@ -205,18 +231,7 @@ impl OpenAiBackend {
         let text = response
             .body_mut()
             .read_to_string()
-            .map_err(|e| Attempt::Retry {
-                error: format!("reading the answer of {url} failed: {e}"),
-                retry_after: None,
-            })?;
-        if (200..300).contains(&status) {
-            return serde_json::from_str(&text).map_err(|e| {
-                Attempt::Fail(Error::Remote(format!(
-                    "{url} answered {status} with invalid JSON ({e}): {}",
-                    snippet(&text)
-                )))
-            });
-        }
+            .map_err(|e| reading_failed(url, e))?;
         let message = server_message(&text);
         if status == 429 || status >= 500 {
             return Err(Attempt::Retry {
@@ -229,6 +244,176 @@ impl OpenAiBackend {
             status,
             message,
         }))
+    }
+
+    /// One streamed reply (server-sent events), read until the server ends it or `stop`
+    /// says the reply started looping; then the connection is closed, which makes vLLM
+    /// and llama.cpp's server stop generating.
+    fn stream(&self, url: &str, body: &Value, options: &GenerateOptions) -> Result<StreamedReply> {
+        self.send(url, Some(body), &mut |content_type, reply| {
+            let start = Instant::now();
+            if !content_type.contains("text/event-stream") {
+                // A server that ignores `stream` answers in one piece.
+                return Ok(StreamedReply::whole(read_json(url, reply)?));
+            }
+            let mut out = StreamedReply {
+                stop: LoopStop::new(options.stop_on_repeat, options.stop_on_repeated_line),
+                ..StreamedReply::default()
+            };
+            let reader = std::io::BufReader::new(reply.as_reader());
+            for line in std::io::BufRead::lines(reader) {
+                let line = line.map_err(|e| reading_failed(url, e))?;
+                let Some(data) = line.strip_prefix("data:").map(str::trim) else {
+                    continue; // blank separators, comments, `event:` lines
+                };
+                if data == "[DONE]" {
+                    break;
+                }
+                let event: Value = serde_json::from_str(data).map_err(|e| {
+                    Attempt::Fail(Error::Remote(format!(
+                        "{url} streamed an event that is not JSON ({e}): {}",
+                        snippet(data)
+                    )))
+                })?;
+                if !event["error"].is_null() {
+                    return Err(Attempt::Fail(Error::Remote(format!(
+                        "{url} reported an error while streaming: {}",
+                        server_message(data)
+                    ))));
+                }
+                out.read_event(&event, start);
+                if out.stopped {
+                    break;
+                }
+            }
+            out.seconds = start.elapsed().as_secs_f64();
+            Ok(out)
+        })
+    }
+}
+
+fn reading_failed(url: &str, e: impl std::fmt::Display) -> Attempt {
+    Attempt::Retry {
+        error: format!("reading the answer of {url} failed: {e}"),
+        retry_after: None,
+    }
+}
+
+fn read_json(url: &str, reply: &mut ureq::Body) -> std::result::Result<Value, Attempt> {
+    let text = reply.read_to_string().map_err(|e| reading_failed(url, e))?;
+    serde_json::from_str(&text).map_err(|e| {
+        Attempt::Fail(Error::Remote(format!(
+            "{url} answered with invalid JSON ({e}): {}",
+            snippet(&text)
+        )))
+    })
+}
+
+/// What a streamed reply brought, with the loop check that may have ended it early.
+#[derive(Default)]
+struct StreamedReply {
+    stop: LoopStop,
+    /// Content events read (one per token on vLLM and llama.cpp's server).
+    deltas: usize,
+    finish_reason: Option<String>,
+    usage: Value,
+    timings: Value,
+    /// Seconds from the answer's start to its first content.
+    first_content: Option<f64>,
+    seconds: f64,
+    /// The reply was cut at a loop and the rest not read.
+    stopped: bool,
+}
+
+impl StreamedReply {
+    /// A non-streamed answer in the same shape.
+    fn whole(answer: Value) -> Self {
+        let choice = &answer["choices"][0];
+        let mut stop = LoopStop::default();
+        if let Some(text) = choice["message"]["content"].as_str() {
+            stop.text.push_str(text);
+        }
+        Self {
+            stop,
+            finish_reason: choice["finish_reason"].as_str().map(str::to_string),
+            usage: answer["usage"].clone(),
+            timings: answer["timings"].clone(),
+            ..Self::default()
+        }
+    }
+
+    fn read_event(&mut self, event: &Value, start: Instant) {
+        let choice = &event["choices"][0];
+        if let Some(delta) = choice["delta"]["content"].as_str() {
+            if !delta.is_empty() {
+                self.first_content
+                    .get_or_insert_with(|| start.elapsed().as_secs_f64());
+                self.deltas += 1;
+                self.stopped = self.stop.push(delta);
+            }
+        }
+        if let Some(reason) = choice["finish_reason"].as_str() {
+            self.finish_reason = Some(reason.to_string());
+        }
+        if event["usage"].is_object() {
+            self.usage = event["usage"].clone();
+        }
+        if event["timings"].is_object() {
+            self.timings = event["timings"].clone();
+        }
+    }
+}
+
+/// The local model's loop stops applied to streamed text: a content event stands for a
+/// token (the span check compares runs of events), and a completed line that repeats an
+/// earlier one ends the reply without it.
+#[derive(Default)]
+struct LoopStop {
+    span: Option<usize>,
+    lines: bool,
+    text: String,
+    /// Each event as a number (equal texts, equal numbers) and where it starts in `text`.
+    events: Vec<u32>,
+    starts: Vec<usize>,
+    ids: std::collections::HashMap<String, u32>,
+}
+
+impl LoopStop {
+    fn new(span: Option<usize>, lines: bool) -> Self {
+        Self {
+            span,
+            lines,
+            ..Self::default()
+        }
+    }
+
+    /// Adds one event's text; true when the reply loops (the text is then cut).
+    fn push(&mut self, delta: &str) -> bool {
+        let before = self.text.len();
+        self.text.push_str(delta);
+        if let Some(span) = self.span {
+            let next = self.ids.len() as u32;
+            let id = *self.ids.entry(delta.to_string()).or_insert(next);
+            self.events.push(id);
+            self.starts.push(before);
+            if let Some(keep) = crate::model::repeated_tail(&self.events, span) {
+                self.text.truncate(self.starts[keep]);
+                return true;
+            }
+        }
+        if self.lines {
+            let ends: Vec<usize> = self.text[before..]
+                .match_indices('\n')
+                .map(|(i, _)| before + i + 1)
+                .collect();
+            for end in ends {
+                if let Some(keep) = super::hygiene::repeated_last_line(&self.text[..end]) {
+                    self.text.truncate(keep);
+                    return true;
+                }
+            }
+        }
+        false
     }
 }
 
@@ -278,42 +463,73 @@ impl Backend for OpenAiBackend {
 
     fn complete(&self, user_message: &str, options: &GenerateOptions) -> Result<Completion> {
         let start = Instant::now();
+        // Streamed when the reply may have to be cut at a loop: reading stops there.
+        let stream = options.stop_on_repeat.is_some() || options.stop_on_repeated_line;
         let mut body = json!({
             "model": self.options.model,
             "messages": [{"role": "user", "content": user_message}],
             "max_tokens": options.max_new_tokens,
             "temperature": options.sampling.temperature,
-            "stream": false,
+            "stream": stream,
         });
+        if stream {
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        if options.ignore_eos {
+            body["ignore_eos"] = json!(true);
+        }
         if options.sampling.temperature > 0.0 {
             body["top_p"] = json!(options.sampling.top_p);
             body["seed"] = json!(options.sampling.seed);
         }
         let url = self.api_url("chat/completions");
-        let answer = self.request(&url, Some(&body))?;
-        let choice = &answer["choices"][0];
-        let text = match &choice["message"]["content"] {
-            Value::String(s) => s.clone(),
-            Value::Null if choice.is_object() => String::new(),
-            _ => {
+        let reply = if stream {
+            self.stream(&url, &body, options)?
+        } else {
+            let answer = self.request(&url, Some(&body))?;
+            let choice = &answer["choices"][0];
+            if !(choice["message"]["content"].is_string()
+                || (choice.is_object() && choice["message"]["content"].is_null()))
+            {
                 return Err(Error::Remote(format!(
                     "{url} answered without choices[0].message.content: {}",
                     snippet(&answer.to_string())
-                )))
+                )));
             }
+            StreamedReply::whole(answer)
         };
-        let stop_reason = match choice["finish_reason"].as_str() {
-            Some("length") => StopReason::MaxTokens,
-            _ => StopReason::EndOfTurn,
+        let stop_reason = if reply.stopped {
+            StopReason::Repetition
+        } else if reply.finish_reason.as_deref() == Some("length") {
+            StopReason::MaxTokens
+        } else {
+            StopReason::EndOfTurn
         };
-        let usage = |key: &str| answer["usage"][key].as_u64().unwrap_or(0) as usize;
+        let usage = |key: &str| reply.usage[key].as_u64().map(|n| n as usize);
+        let seconds = start.elapsed().as_secs_f64();
+        let ms = |key: &str| reply.timings[key].as_f64().map(|ms| ms / 1000.0);
+        // llama.cpp's server times both phases; otherwise the first streamed content
+        // marks the end of the prefill.
+        let timings = match (ms("prompt_ms"), ms("predicted_ms")) {
+            (Some(prefill_seconds), Some(decode_seconds)) if !reply.stopped => Some(Timings {
+                prefill_seconds,
+                decode_seconds,
+            }),
+            _ => reply.first_content.map(|first| Timings {
+                prefill_seconds: first,
+                decode_seconds: (reply.seconds - first).max(0.0),
+            }),
+        };
         Ok(Completion {
-            text,
-            prompt_tokens: usage("prompt_tokens"),
-            completion_tokens: usage("completion_tokens"),
+            prompt_tokens: usage("prompt_tokens").unwrap_or(0),
+            completion_tokens: usage("completion_tokens")
+                .filter(|_| !reply.stopped)
+                .unwrap_or(reply.deltas),
+            text: reply.stop.text,
             stop_reason,
-            seconds: start.elapsed().as_secs_f64(),
+            seconds,
             decoding: None,
+            timings,
         })
     }
 }

@@ -366,3 +366,180 @@ fn memory_is_cut_to_the_cap_at_a_token_boundary() {
     );
     assert!("word ".repeat(200).starts_with(&step.memory));
 }
+
+/// Server-sent chat-completion events of `pieces` (one content event each), then the
+/// `tail` events; a reader, so that an endless stream is written only as fast as the
+/// connection takes it.
+struct EventStream {
+    events: Box<dyn Iterator<Item = String> + Send>,
+    pending: Vec<u8>,
+    written: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl std::io::Read for EventStream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.pending.is_empty() {
+            match self.events.next() {
+                Some(event) => {
+                    self.written
+                        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    self.pending = format!("data: {event}\n\n").into_bytes();
+                }
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.pending.len());
+        buf[..n].copy_from_slice(&self.pending[..n]);
+        self.pending.drain(..n);
+        Ok(n)
+    }
+}
+
+fn content_event(text: &str) -> String {
+    json!({"object": "chat.completion.chunk",
+           "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}]})
+    .to_string()
+}
+
+/// Serves one streamed reply made of `events`; returns the base URL, how many events
+/// were handed to the connection, and a flag set once the response is over (the whole
+/// stream written, or the client gone).
+fn serve_stream(
+    events: impl Iterator<Item = String> + Send + 'static,
+) -> (
+    String,
+    Arc<std::sync::atomic::AtomicUsize>,
+    Arc<std::sync::atomic::AtomicBool>,
+    Arc<Mutex<Value>>,
+) {
+    let server = tiny_http::Server::http("127.0.0.1:0").expect("bind loopback");
+    let port = server.server_addr().to_ip().unwrap().port();
+    let written = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let over = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let body = Arc::new(Mutex::new(Value::Null));
+    let (w, o, b) = (Arc::clone(&written), Arc::clone(&over), Arc::clone(&body));
+    std::thread::spawn(move || {
+        let mut request = server.recv().unwrap();
+        let mut text = String::new();
+        request.as_reader().read_to_string(&mut text).unwrap();
+        *b.lock().unwrap() = serde_json::from_str(&text).unwrap();
+        let reader = EventStream {
+            events: Box::new(events),
+            pending: Vec::new(),
+            written: w,
+        };
+        let header = tiny_http::Header::from_bytes("Content-Type", "text/event-stream").unwrap();
+        let response = tiny_http::Response::new(200.into(), vec![header], reader, None, None);
+        let _ = request.respond(response);
+        o.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    (format!("http://127.0.0.1:{port}/v1"), written, over, body)
+}
+
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+const ENDLESS: usize = 2_000_000;
+
+#[test]
+fn a_looping_stream_is_cut_at_the_repeated_line_and_the_connection_closed() {
+    // A small model's favourite loop: the same fact under ever new numbers, token by token.
+    let pieces = |n: usize| {
+        vec![
+            n.to_string(),
+            ".".into(),
+            " Ingrid".into(),
+            " lives".into(),
+            " in".into(),
+            " Porto".into(),
+            ".".into(),
+            "\n".into(),
+        ]
+    };
+    let events = (1..ENDLESS).flat_map(move |n| pieces(n).into_iter().map(|p| content_event(&p)));
+    let (url, written, over, body) = serve_stream(events);
+    let backend = OpenAiBackend::new(RemoteOptions::new(url, "served")).unwrap();
+    let tokenizer = tokenizer();
+    let agent = MemoryAgent::new(&backend, &tokenizer, Profile::SMALL);
+    let chunk = &chunk_text(&tokenizer, "Ingrid moved to Porto.", 64).unwrap()[0];
+    let step = agent
+        .update("Where does Ingrid live?", NO_MEMORY, chunk)
+        .unwrap();
+    assert_eq!(step.memory, "1. Ingrid lives in Porto.\n");
+    assert_eq!(step.stop_reason, memagent_engine::StopReason::Repetition);
+    assert_eq!(
+        step.completion_tokens, 16,
+        "two lines of 8 events were read"
+    );
+    let sent = body.lock().unwrap().clone();
+    assert_eq!(sent["stream"], true);
+    assert_eq!(sent["stream_options"]["include_usage"], true);
+    // The client hung up: the server stops long before the end of its stream.
+    wait_until("the server sees the client go", || {
+        over.load(std::sync::atomic::Ordering::SeqCst)
+    });
+    let handed = written.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(handed < ENDLESS / 10, "{handed} events were written");
+}
+
+#[test]
+fn a_token_loop_without_newlines_is_cut_after_the_guard_span() {
+    let words = [" the", " cat", " sat"];
+    let events = (0..ENDLESS).map(move |i| content_event(words[i % 3]));
+    let (url, _, over, _) = serve_stream(events);
+    let backend = OpenAiBackend::new(RemoteOptions::new(url, "served")).unwrap();
+    let tokenizer = tokenizer();
+    let agent = MemoryAgent::new(&backend, &tokenizer, Profile::SMALL);
+    let answer = agent
+        .answer("What did the cat do?", "The cat sat.")
+        .unwrap();
+    // The guard is 16 events: at 32 the last 16 repeat, and they are dropped.
+    let expected: String = (0..16).map(|i| words[i % 3]).collect();
+    assert_eq!(answer.reply, expected);
+    assert_eq!(answer.stop_reason, memagent_engine::StopReason::Repetition);
+    wait_until("the server sees the client go", || {
+        over.load(std::sync::atomic::Ordering::SeqCst)
+    });
+}
+
+#[test]
+fn a_finished_stream_keeps_usage_timings_and_the_finish_reason() {
+    let mut events: Vec<String> = ["Ada", " keeps", " bees", "."]
+        .iter()
+        .map(|p| content_event(p))
+        .collect();
+    events.push(
+        json!({"object": "chat.completion.chunk",
+               "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+        .to_string(),
+    );
+    events.push(
+        json!({"object": "chat.completion.chunk", "choices": [],
+               "usage": {"prompt_tokens": 321, "completion_tokens": 4, "total_tokens": 325},
+               "timings": {"prompt_n": 321, "prompt_ms": 1500.0, "predicted_n": 4,
+                           "predicted_ms": 250.0}})
+        .to_string(),
+    );
+    events.push("[DONE]".to_string());
+    let (url, written, _, _) = serve_stream(events.into_iter());
+    let backend = OpenAiBackend::new(RemoteOptions::new(url, "served")).unwrap();
+    let options = memagent_engine::GenerateOptions {
+        max_new_tokens: 4,
+        stop_on_repeated_line: true,
+        ..Default::default()
+    };
+    let reply =
+        memagent_engine::agent::Backend::complete(&backend, "Who keeps bees?", &options).unwrap();
+    assert_eq!(reply.text, "Ada keeps bees.");
+    assert_eq!(reply.stop_reason, memagent_engine::StopReason::MaxTokens);
+    assert_eq!((reply.prompt_tokens, reply.completion_tokens), (321, 4));
+    let timings = reply.timings.expect("llama.cpp timings");
+    assert_eq!(timings.prefill_seconds, 1.5);
+    assert_eq!(timings.decode_seconds, 0.25);
+    assert_eq!(written.load(std::sync::atomic::Ordering::SeqCst), 7);
+}

@@ -131,3 +131,32 @@ fn sampling_decodes_plainly() {
     assert_eq!(g.decoding.drafted, 0);
     assert_eq!(g.decoding.passes + 1, g.completion_tokens);
 }
+
+#[test]
+fn ignoring_end_of_turn_runs_to_the_cap_the_same_with_drafts() {
+    let model = model();
+    let (_, prompt) = &update_prompts()[0];
+    let ended = model.generate(prompt, &plain(96)).unwrap();
+    assert_eq!(
+        ended.stop_reason,
+        memagent_engine::StopReason::EndOfTurn,
+        "this prompt's reply ends on its own: {:?}",
+        ended.text
+    );
+    let fixed = |options: GenerateOptions| GenerateOptions {
+        ignore_eos: true,
+        stop_on_repeat: None,
+        stop_on_repeated_line: false,
+        ..options
+    };
+    let plain = model.generate(prompt, &fixed(plain(96))).unwrap();
+    let drafted = model.generate(prompt, &fixed(speculative(96))).unwrap();
+    same_output(&plain, &drafted, "ignore_eos");
+    assert_eq!(plain.completion_tokens, 96);
+    assert_eq!(plain.stop_reason, memagent_engine::StopReason::MaxTokens);
+    let stops = model.tokenizer().stop_ids();
+    assert!(plain.token_ids.iter().all(|id| !stops.contains(id)));
+    // Up to where the reply ended, the tokens are the same.
+    let before_end = ended.token_ids.len() - 1;
+    assert_eq!(plain.token_ids[..before_end], ended.token_ids[..before_end]);
+}
