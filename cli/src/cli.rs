@@ -903,9 +903,15 @@ pub struct BenchEngineArgs {
     #[arg(long, value_delimiter = ',', default_value = "128,256")]
     pub rewrite: Vec<usize>,
 
-    /// Most tokens drafted per pass in the rewrite cases
+    /// Most tokens drafted per pass in the rewrite and batch cases
     #[arg(long, value_name = "N", default_value_t = memagent_engine::DEFAULT_DRAFT_TOKENS)]
     pub draft_tokens: usize,
+
+    /// Memory rewrites of this many different streams (128-token memories, up to 256 new
+    /// tokens), decoded one after another and then as one batch: decode tok/s of all of
+    /// them each way and the ratio, with a check that the tokens agree. 0 or 1: none
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    pub batch: usize,
 
     /// Repetitions of each case (the median is reported)
     #[arg(long, default_value_t = 3)]

@@ -83,30 +83,7 @@ pub fn bench_rewrite(
     draft_tokens: usize,
     repeats: usize,
 ) -> Result<(BenchResult, Vec<u32>)> {
-    let tokenizer = model.tokenizer();
-    let mut memory = String::new();
-    for sentence in filler.split_inclusive(". ").cycle().take(10_000) {
-        if tokenizer.encode(&memory, false)?.len() >= memory_tokens {
-            break;
-        }
-        memory.push_str("- ");
-        memory.push_str(sentence.trim());
-        memory.push('\n');
-    }
-    let chunk: String = filler
-        .chars()
-        .rev()
-        .take(2000)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect();
-    let text = UPDATE.fill(
-        "What does the text say about libraries?",
-        memory.trim_end(),
-        &chunk,
-    );
-    let prompt = model.chat_prompt_ids(&[Message::user(&text)])?;
+    let prompt = rewrite_prompt(model, filler, memory_tokens, 0)?;
     let options = GenerateOptions {
         max_new_tokens: max_tokens,
         stop_on_repeat: Some(crate::agent::REPEAT_GUARD_TOKENS),
@@ -140,6 +117,105 @@ pub fn bench_rewrite(
         decoding: Some(generation.decoding),
     };
     Ok((result, generation.token_ids))
+}
+
+/// The loop's update prompt with a previous memory of about `memory_tokens` tokens
+/// (sentences of `filler`) and a section of `filler`; `variant` picks which sentences and
+/// which section, so that the prompts of a batch differ.
+fn rewrite_prompt(
+    model: &LocalModel,
+    filler: &str,
+    memory_tokens: usize,
+    variant: usize,
+) -> Result<Vec<u32>> {
+    let tokenizer = model.tokenizer();
+    let sentences: Vec<&str> = filler.split_inclusive(". ").collect();
+    let mut memory = String::new();
+    for sentence in sentences.iter().cycle().skip(variant * 7).take(10_000) {
+        if tokenizer.encode(&memory, false)?.len() >= memory_tokens {
+            break;
+        }
+        memory.push_str("- ");
+        memory.push_str(sentence.trim());
+        memory.push('\n');
+    }
+    // The last 2,000 characters, rotated by `variant` sentences.
+    let chars: Vec<char> = filler.chars().collect();
+    let section = &chars[chars.len().saturating_sub(2000)..];
+    let shift = sentences
+        .iter()
+        .take(variant % sentences.len().max(1))
+        .map(|s| s.chars().count())
+        .sum::<usize>()
+        % section.len().max(1);
+    let chunk: String = section[shift..].iter().chain(&section[..shift]).collect();
+    let text = UPDATE.fill(
+        "What does the text say about libraries?",
+        memory.trim_end(),
+        &chunk,
+    );
+    model.chat_prompt_ids(&[Message::user(&text)])
+}
+
+/// `sequences` different memory rewrites (memories of about `memory_tokens` tokens),
+/// decoded one after another and then as one batch ([`LocalModel::generate_batch`]):
+/// decode tokens per second of all of them each way (`bw{n}-alone`, `bw{n}`), with a
+/// check that every sequence got the same tokens both ways.
+pub fn bench_batch(
+    model: &LocalModel,
+    filler: &str,
+    sequences: usize,
+    memory_tokens: usize,
+    max_tokens: usize,
+    draft_tokens: usize,
+) -> Result<(BenchResult, BenchResult)> {
+    let prompts = (0..sequences.max(1))
+        .map(|i| rewrite_prompt(model, filler, memory_tokens, i))
+        .collect::<Result<Vec<_>>>()?;
+    let options = GenerateOptions {
+        max_new_tokens: max_tokens,
+        stop_on_repeat: Some(crate::agent::REPEAT_GUARD_TOKENS),
+        stop_on_repeated_line: true,
+        draft_tokens,
+        ..GenerateOptions::default()
+    };
+    // Decode tokens: all but each sequence's first, which comes out of its prefill.
+    let decoded = |gs: &[crate::model::Generation]| -> usize {
+        gs.iter()
+            .map(|g| g.completion_tokens.saturating_sub(1))
+            .sum()
+    };
+    reset_peak_rss();
+    let alone = prompts
+        .iter()
+        .map(|p| model.generate(p, &options))
+        .collect::<Result<Vec<_>>>()?;
+    let alone_seconds: f64 = alone.iter().map(|g| g.decode_seconds).sum();
+    let refs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+    let start = Instant::now();
+    let together = model.generate_batch(&refs, &options)?;
+    let together_seconds =
+        start.elapsed().as_secs_f64() - together.iter().map(|g| g.prefill_seconds).sum::<f64>();
+    for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+        if a.token_ids != b.token_ids {
+            return Err(crate::Error::InvalidRequest(format!(
+                "sequence {i} decoded differently in a batch: the batch is not exact"
+            )));
+        }
+    }
+    let n = prompts.len();
+    let result = |test: String, seconds: f64| BenchResult {
+        test,
+        tokens: decoded(&alone),
+        seconds: vec![seconds],
+        tokens_per_second: decoded(&alone) as f64 / seconds.max(f64::EPSILON),
+        peak_rss_bytes: peak_rss(),
+        decoding: None,
+    };
+    Ok((
+        result(format!("bw{n}-alone"), alone_seconds),
+        result(format!("bw{n}"), together_seconds),
+    ))
 }
 
 fn measure(

@@ -4,7 +4,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use memagent_engine::agent::MemoryAgent;
-use memagent_engine::bench::{bench_decode, bench_prefill, bench_rewrite, BenchResult};
+use memagent_engine::bench::{
+    bench_batch, bench_decode, bench_prefill, bench_rewrite, BenchResult,
+};
 use memagent_tasks::{single_needle, Haystack, NeedleSample};
 use serde::Serialize;
 
@@ -59,6 +61,15 @@ pub fn engine(global: &GlobalArgs, args: &BenchEngineArgs) -> Result<()> {
         results.push(plain);
         results.push(drafted);
     }
+    if args.batch > 1 {
+        let (alone, together) =
+            bench_batch(&model, FILLER, args.batch, 128, 256, args.draft_tokens)
+                .with_context(|| format!("bw{}", args.batch))?;
+        report_progress(&alone);
+        report_progress(&together);
+        results.push(alone);
+        results.push(together);
+    }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     if args.json {
         return super::print_json(&serde_json::json!({
@@ -85,8 +96,13 @@ pub fn engine(global: &GlobalArgs, args: &BenchEngineArgs) -> Result<()> {
         let rss = r.peak_rss_bytes.map_or("-".to_string(), |b| {
             format!("{:.0}", b as f64 / (1024.0 * 1024.0))
         });
-        // A drafted rewrite follows its plain run.
+        // A drafted rewrite follows its plain run, a batch its sequences alone.
         let (speedup, accepted, per_pass) = match (&r.decoding, i.checked_sub(1)) {
+            (None, Some(j)) if r.test.starts_with("bw") && !r.test.ends_with("-alone") => (
+                format!("{:.2}x", r.tokens_per_second / results[j].tokens_per_second),
+                "-".into(),
+                "-".into(),
+            ),
             (Some(d), Some(j)) if d.drafted > 0 || r.test.contains("-d") => (
                 format!("{:.2}x", r.tokens_per_second / results[j].tokens_per_second),
                 format!("{:.0}%", 100.0 * d.acceptance_rate()),

@@ -321,6 +321,125 @@ impl Transformer {
         }
     }
 
+    /// Runs a few tokens of several sequences in one pass, each after what its own cache
+    /// (of one sequence) holds: the projections see every row at once (each weight row is
+    /// read once for the whole batch), attention runs per sequence. Returns the logits
+    /// after every token of each sequence, (t_i, vocab). Up to
+    /// [`Transformer::MAX_VERIFY`] rows in all take the kernels of one-token decoding, so
+    /// each sequence gets exactly the logits it would get alone.
+    pub fn forward_many(&self, inputs: &mut [(&[u32], &mut KvCache)]) -> Result<Vec<Tensor>> {
+        let mut total = 0;
+        for (ids, cache) in inputs.iter() {
+            let (b, t) = self.check_input(&[ids.to_vec()], cache)?;
+            debug_assert_eq!(b, 1);
+            total += t;
+        }
+        if inputs.is_empty() || total > Self::MAX_VERIFY {
+            return Err(Error::InvalidRequest(format!(
+                "forward_many takes 1 to {} tokens in all, got {total}",
+                Self::MAX_VERIFY
+            )));
+        }
+        let cfg = &self.config;
+        let all: Vec<u32> = inputs
+            .iter()
+            .flat_map(|(ids, _)| ids.iter().copied())
+            .collect();
+        let ids = Tensor::from_vec(all, (1, total), &self.device)?;
+        let tables = inputs
+            .iter()
+            .map(|(ids, cache)| {
+                Ok((
+                    self.cos.narrow(0, cache.len, ids.len())?,
+                    self.sin.narrow(0, cache.len, ids.len())?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut x = self.embed.embedding(&ids)?;
+        for (i, block) in self.blocks.iter().enumerate() {
+            let h = candle_nn::ops::rms_norm(&x, &block.attn_norm, cfg.rms_eps)?;
+            let qkv = block.wqkv.forward(&h)?;
+            let mut ys = Vec::with_capacity(inputs.len());
+            let mut at = 0;
+            for ((ids, cache), (cos, sin)) in inputs.iter_mut().zip(&tables) {
+                let t = ids.len();
+                let part = qkv.narrow(1, at, t)?;
+                let offset = cache.len;
+                ys.push(self.attention(i, &part, cache, offset, cos, sin)?);
+                at += t;
+            }
+            let y = Tensor::cat(&ys, 1)?;
+            x = (x + block.wo.forward(&y)?)?;
+            let h = candle_nn::ops::rms_norm(&x, &block.ffn_norm, cfg.rms_eps)?;
+            let ff = candle_nn::ops::swiglu(&block.w_gate_up.forward(&h)?)?;
+            x = (x + block.w_down.forward(&ff)?)?;
+        }
+        for (ids, cache) in inputs.iter_mut() {
+            cache.len += ids.len();
+        }
+        let x = candle_nn::ops::rms_norm(&x, &self.norm, cfg.rms_eps)?;
+        let logits = self
+            .lm_head
+            .forward(&x)?
+            .to_dtype(DType::F32)?
+            .reshape((total, cfg.vocab_size))?;
+        let mut at = 0;
+        inputs
+            .iter()
+            .map(|(ids, _)| {
+                let rows = logits.narrow(0, at, ids.len())?;
+                at += ids.len();
+                Ok(rows)
+            })
+            .collect()
+    }
+
+    /// Self-attention of layer `layer` for the fused q/k/v projections `qkv` (b, t, ·) of
+    /// tokens that follow the `offset` positions `cache` holds: rotary positions,
+    /// keys and values appended to the cache, (b, t, heads * head_dim) out.
+    fn attention(
+        &self,
+        layer: usize,
+        qkv: &Tensor,
+        cache: &mut KvCache,
+        offset: usize,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> Result<Tensor> {
+        let cfg = &self.config;
+        let (b, t, _) = qkv.dims3()?;
+        let nq = cfg.n_head * cfg.head_dim;
+        let nkv = cfg.n_kv_head * cfg.head_dim;
+        let heads = |from: usize, n: usize| -> Result<Tensor> {
+            Ok(qkv
+                .narrow(2, from, n * cfg.head_dim)?
+                .reshape((b, t, n, cfg.head_dim))?
+                .transpose(1, 2)?
+                .contiguous()?)
+        };
+        let q = heads(0, cfg.n_head)?;
+        let k = heads(nq, cfg.n_kv_head)?;
+        let v = heads(nq + nkv, cfg.n_kv_head)?;
+        let (q, k) = if cfg.rope_interleaved {
+            (
+                candle_nn::rotary_emb::rope_i(&q, cos, sin)?,
+                candle_nn::rotary_emb::rope_i(&k, cos, sin)?,
+            )
+        } else {
+            (
+                candle_nn::rotary_emb::rope(&q, cos, sin)?,
+                candle_nn::rotary_emb::rope(&k, cos, sin)?,
+            )
+        };
+        // llama.cpp keeps keys and values in f16 and rounds queries to f16 for the
+        // products; rounding the same way keeps greedy choices at near-ties aligned.
+        let (q, k, v) = (round_f16(&q)?, round_f16(&k)?, round_f16(&v)?);
+        let (k, v) = cache.append(layer, &k, &v)?;
+        let y = causal_attention(&q, &k, &v, offset)?;
+        Ok(y.transpose(1, 2)?
+            .reshape((b, t, cfg.n_head * cfg.head_dim))?)
+    }
+
     fn check_input(&self, ids: &[Vec<u32>], cache: &KvCache) -> Result<(usize, usize)> {
         let b = ids.len();
         let t = ids.first().map_or(0, Vec::len);
@@ -373,37 +492,7 @@ impl Transformer {
         for (i, block) in self.blocks.iter().enumerate() {
             let h = candle_nn::ops::rms_norm(&x, &block.attn_norm, cfg.rms_eps)?;
             let qkv = block.wqkv.forward(&h)?;
-            let nq = cfg.n_head * cfg.head_dim;
-            let nkv = cfg.n_kv_head * cfg.head_dim;
-            let heads = |from: usize, n: usize| -> Result<Tensor> {
-                Ok(qkv
-                    .narrow(2, from, n * cfg.head_dim)?
-                    .reshape((b, t, n, cfg.head_dim))?
-                    .transpose(1, 2)?
-                    .contiguous()?)
-            };
-            let q = heads(0, cfg.n_head)?;
-            let k = heads(nq, cfg.n_kv_head)?;
-            let v = heads(nq + nkv, cfg.n_kv_head)?;
-            let (q, k) = if cfg.rope_interleaved {
-                (
-                    candle_nn::rotary_emb::rope_i(&q, &cos, &sin)?,
-                    candle_nn::rotary_emb::rope_i(&k, &cos, &sin)?,
-                )
-            } else {
-                (
-                    candle_nn::rotary_emb::rope(&q, &cos, &sin)?,
-                    candle_nn::rotary_emb::rope(&k, &cos, &sin)?,
-                )
-            };
-            // llama.cpp keeps keys and values in f16 and rounds queries to f16 for the
-            // products; rounding the same way keeps greedy choices at near-ties aligned.
-            let (q, k, v) = (round_f16(&q)?, round_f16(&k)?, round_f16(&v)?);
-            let (k, v) = cache.append(i, &k, &v)?;
-            let y = causal_attention(&q, &k, &v, offset)?;
-            let y = y
-                .transpose(1, 2)?
-                .reshape((b, t, cfg.n_head * cfg.head_dim))?;
+            let y = self.attention(i, &qkv, cache, offset, &cos, &sin)?;
             x = (x + block.wo.forward(&y)?)?;
             let h = candle_nn::ops::rms_norm(&x, &block.ffn_norm, cfg.rms_eps)?;
             let ff = candle_nn::ops::swiglu(&block.w_gate_up.forward(&h)?)?;
