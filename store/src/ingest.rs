@@ -135,45 +135,110 @@ impl<'a> Ingestor<'a> {
 
     /// Reads the next pending chunk into the general memory and commits the step.
     pub fn step(&self, stream: &str) -> Result<Option<StepOutcome>> {
-        let stream = self.store.require(stream)?;
-        let cursor = self.store.cursor(&stream, GENERAL)?;
-        let Some((chunk, text)) = self.next_chunk(&stream, &cursor)? else {
-            return Ok(None);
+        self.step_many(&[stream])
+            .pop()
+            .expect("one outcome per stream")
+    }
+
+    /// Reads the next pending chunk of each of several streams into its general memory,
+    /// the model steps decoded as one batch, and commits each step on its own: one
+    /// outcome per stream, in order. A stream whose step cannot be prepared or committed
+    /// gets its error; the others go on.
+    pub fn step_many(&self, streams: &[&str]) -> Vec<Result<Option<StepOutcome>>> {
+        struct Ready {
+            stream: StreamRecord,
+            cursor: Cursor,
+            chunk: ChunkRecord,
+            text: String,
+            previous: String,
+        }
+        let prepare = |name: &str| -> Result<Option<Ready>> {
+            let stream = self.store.require(name)?;
+            let cursor = self.store.cursor(&stream, GENERAL)?;
+            let Some((chunk, text)) = self.next_chunk(&stream, &cursor)? else {
+                return Ok(None);
+            };
+            let previous = match cursor.version {
+                0 => NO_MEMORY.to_string(),
+                n => {
+                    self.store
+                        .version(&stream, GENERAL, n)?
+                        .ok_or(Error::NoVersion {
+                            stream: stream.name.clone(),
+                            version: n,
+                        })?
+                        .text
+                }
+            };
+            Ok(Some(Ready {
+                stream,
+                cursor,
+                chunk,
+                text,
+                previous,
+            }))
         };
-        let previous = match cursor.version {
-            0 => NO_MEMORY.to_string(),
-            n => {
-                self.store
-                    .version(&stream, GENERAL, n)?
-                    .ok_or(Error::NoVersion {
-                        stream: stream.name.clone(),
-                        version: n,
-                    })?
-                    .text
+        let mut outcomes: Vec<Result<Option<StepOutcome>>> = Vec::with_capacity(streams.len());
+        let mut ready = Vec::new();
+        for (i, name) in streams.iter().enumerate() {
+            match prepare(name) {
+                Ok(Some(step)) => {
+                    ready.push((i, step));
+                    outcomes.push(Ok(None));
+                }
+                other => outcomes.push(other.map(|_| None)),
+            }
+        }
+        if ready.is_empty() {
+            return outcomes;
+        }
+        let started = Instant::now();
+        let chunks: Vec<Chunk> = ready
+            .iter()
+            .map(|(_, r)| Chunk {
+                text: r.text.clone(),
+                tokens: r.chunk.tokens as usize,
+            })
+            .collect();
+        let inputs: Vec<(&str, &str, &Chunk)> = ready
+            .iter()
+            .zip(&chunks)
+            .map(|((_, r), chunk)| ("", r.previous.as_str(), chunk))
+            .collect();
+        let reports = match self.agent.update_many(GENERAL_UPDATE, &inputs) {
+            Ok(reports) => reports,
+            Err(e) => {
+                let message = e.to_string();
+                for (i, _) in &ready {
+                    outcomes[*i] = Err(Error::Engine(message.clone()));
+                }
+                return outcomes;
             }
         };
-        let started = Instant::now();
-        let report = self
-            .agent
-            .update_with(
-                GENERAL_UPDATE,
-                "",
-                &previous,
-                &Chunk {
-                    text,
-                    tokens: chunk.tokens as usize,
-                },
-            )
-            .map_err(engine_error)?;
-        let version = self.model_version(&cursor, &chunk, &report, GENERAL_UPDATE, started);
-        let next = Cursor {
-            next_chunk: chunk.index + 1,
-            offset: chunk.end,
-            version: version.version,
-        };
-        self.store
-            .commit_step(&stream, GENERAL, &chunk, &version, &next)?;
-        Ok(Some(StepOutcome { chunk, version }))
+        for ((i, r), report) in ready.iter().zip(reports) {
+            // Alone, the step's whole time; in a batch, its own prefill and decoding.
+            let seconds = if ready.len() == 1 {
+                started.elapsed().as_secs_f64()
+            } else {
+                report.seconds
+            };
+            let version = self.model_version(&r.cursor, &r.chunk, &report, GENERAL_UPDATE, seconds);
+            let next = Cursor {
+                next_chunk: r.chunk.index + 1,
+                offset: r.chunk.end,
+                version: version.version,
+            };
+            outcomes[*i] = self
+                .store
+                .commit_step(&r.stream, GENERAL, &r.chunk, &version, &next)
+                .map(|()| {
+                    Some(StepOutcome {
+                        chunk: r.chunk.clone(),
+                        version,
+                    })
+                });
+        }
+        outcomes
     }
 }
 
@@ -216,7 +281,13 @@ impl Ingestor<'_> {
                     },
                 )
                 .map_err(engine_error)?;
-            let version = self.model_version(&cursor, chunk, &report, UPDATE, started);
+            let version = self.model_version(
+                &cursor,
+                chunk,
+                &report,
+                UPDATE,
+                started.elapsed().as_secs_f64(),
+            );
             cursor = Cursor {
                 next_chunk: chunk.index + 1,
                 offset: chunk.end,
@@ -249,7 +320,7 @@ impl Ingestor<'_> {
         chunk: &ChunkRecord,
         report: &memagent_engine::agent::StepReport,
         template: Template,
-        started: Instant,
+        seconds: f64,
     ) -> MemoryVersion {
         MemoryVersion {
             version: cursor.version + 1,
@@ -264,7 +335,7 @@ impl Ingestor<'_> {
             created: now(),
             prompt_tokens: report.prompt_tokens as u32,
             completion_tokens: report.completion_tokens as u32,
-            seconds: started.elapsed().as_secs_f64(),
+            seconds,
             cut: report.cut,
             author: Author::Model,
         }

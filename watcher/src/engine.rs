@@ -1,6 +1,7 @@
 //! The engine thread: owns the model and serves memory steps and queries from a request
-//! channel, one at a time; each request carries the sender for its reply, so nothing
-//! waiting on the model blocks the async runtime.
+//! channel, one request at a time (the steps of several streams make one request, decoded
+//! as one batch); each request carries the sender for its reply, so nothing waiting on
+//! the model blocks the async runtime.
 
 use std::sync::mpsc;
 
@@ -19,18 +20,25 @@ pub enum Step {
     NotReady { pending_tokens: u32 },
     /// Nothing is pending.
     Nothing,
+    /// Not looked at: the batch was full.
+    Deferred,
 }
+
+/// Most streams stepped in one batch: the steps' prefills still run one after another,
+/// so a bigger batch mostly delays the queries waiting behind it.
+pub const MAX_BATCH: usize = 4;
 
 type Reply<T> = oneshot::Sender<Result<T, String>>;
 
 /// A request to the engine thread.
 pub enum Request {
-    /// Read the next chunk of a stream into its general memory; with `full_only`, only
-    /// when a whole chunk is pending.
-    Step {
-        stream: String,
-        full_only: bool,
-        reply: Reply<Step>,
+    /// Read the next chunk of each stream into its general memory, as one batch of at
+    /// most [`MAX_BATCH`] (streams are looked at in order; those after a full batch are
+    /// deferred); with `full_only`, a stream steps only when a whole chunk is pending.
+    /// One outcome per stream, in order.
+    Steps {
+        streams: Vec<(String, bool)>,
+        reply: Reply<Vec<Result<Step, String>>>,
     },
     /// Answer from a memory version.
     Answer {
@@ -68,14 +76,12 @@ impl EngineHandle {
             .map_err(|_| "the engine stopped before answering".to_string())?
     }
 
-    pub async fn step(&self, stream: &str, full_only: bool) -> Result<Step, String> {
-        let stream = stream.to_string();
-        self.ask(|reply| Request::Step {
-            stream,
-            full_only,
-            reply,
-        })
-        .await
+    /// Steps of several streams, `(stream, full_only)` each, decoded as one batch.
+    pub async fn steps(
+        &self,
+        streams: Vec<(String, bool)>,
+    ) -> Result<Vec<Result<Step, String>>, String> {
+        self.ask(|reply| Request::Steps { streams, reply }).await
     }
 
     pub async fn answer(
@@ -114,12 +120,8 @@ pub fn serve(
     let ingestor = Ingestor::new(store, agent, model, model_sha256);
     for request in requests {
         match request {
-            Request::Step {
-                stream,
-                full_only,
-                reply,
-            } => {
-                let _ = reply.send(step(&ingestor, store, &stream, full_only, agent));
+            Request::Steps { streams, reply } => {
+                let _ = reply.send(Ok(steps(&ingestor, store, &streams, agent)));
             }
             Request::Answer {
                 memory,
@@ -144,30 +146,52 @@ pub fn serve(
     }
 }
 
-fn step(
+fn steps(
     ingestor: &Ingestor<'_>,
     store: &Store,
-    stream: &str,
-    full_only: bool,
+    streams: &[(String, bool)],
     agent: &MemoryAgent<'_>,
-) -> Result<Step, String> {
-    let run = || -> memagent_store::Result<Step> {
+) -> Vec<Result<Step, String>> {
+    // Which streams have a chunk to read now.
+    let check = |stream: &str, full_only: bool| -> memagent_store::Result<Option<Step>> {
         let Some(record) = store.stream(stream)? else {
-            return Ok(Step::Nothing);
+            return Ok(Some(Step::Nothing));
         };
         let cursor = store.cursor(&record, GENERAL)?;
         let Some((chunk, _)) = ingestor.next_chunk(&record, &cursor)? else {
-            return Ok(Step::Nothing);
+            return Ok(Some(Step::Nothing));
         };
         if full_only && (chunk.tokens as usize) < agent.profile.chunk_tokens {
-            return Ok(Step::NotReady {
+            return Ok(Some(Step::NotReady {
                 pending_tokens: chunk.tokens,
-            });
+            }));
         }
-        Ok(match ingestor.step(stream)? {
-            Some(outcome) => Step::Done(Box::new(outcome)),
-            None => Step::Nothing,
-        })
+        Ok(None)
     };
-    run().map_err(|e| format!("stream `{stream}`: {e}"))
+    let failed = |stream: &str, e: memagent_store::Error| format!("stream `{stream}`: {e}");
+    let mut outcomes: Vec<Result<Step, String>> = Vec::with_capacity(streams.len());
+    let mut ready: Vec<(usize, &str)> = Vec::new();
+    for (i, (stream, full_only)) in streams.iter().enumerate() {
+        if ready.len() == MAX_BATCH {
+            outcomes.push(Ok(Step::Deferred));
+            continue;
+        }
+        match check(stream, *full_only) {
+            Ok(Some(step)) => outcomes.push(Ok(step)),
+            Ok(None) => {
+                ready.push((i, stream.as_str()));
+                outcomes.push(Ok(Step::Nothing));
+            }
+            Err(e) => outcomes.push(Err(failed(stream, e))),
+        }
+    }
+    let names: Vec<&str> = ready.iter().map(|(_, name)| *name).collect();
+    for ((i, name), outcome) in ready.iter().zip(ingestor.step_many(&names)) {
+        outcomes[*i] = match outcome {
+            Ok(Some(outcome)) => Ok(Step::Done(Box::new(outcome))),
+            Ok(None) => Ok(Step::Nothing),
+            Err(e) => Err(failed(name, e)),
+        };
+    }
+    outcomes
 }

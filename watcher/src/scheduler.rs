@@ -1,7 +1,8 @@
 //! Which stream the engine reads next: a stream is due when a whole chunk is pending, or
 //! when it has been idle for a while with a partial chunk (so a paused chat is still
-//! remembered). Due streams are served round robin, one chunk at a time, and only one
-//! step is in flight, so a query waits for at most one step.
+//! remembered). Due streams are served round robin, one chunk each, in batches of up to
+//! four streams decoded together; only one batch is in flight, so a query waits for at
+//! most one batch.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 use memagent_store::{Store, GENERAL};
 use tokio::sync::{mpsc, watch};
 
-use crate::engine::{EngineHandle, Step};
+use crate::engine::{EngineHandle, Step, MAX_BATCH};
 use crate::files::Arrival;
 use crate::stats::Stats;
 
@@ -56,6 +57,10 @@ impl Scheduler {
             let order = pending[start..].iter().chain(&pending[..start]);
             let mut wake: Option<Instant> = None;
             let mut served = false;
+            // Every due stream in round-robin order; the engine steps the first ones
+            // with a chunk to read as one batch and defers the rest to the next round.
+            let mut due: Vec<(String, bool)> = Vec::new();
+            let mut idle_ats = Vec::new();
             for stream in order {
                 if let Some(until) = failed.get(stream).map(|at| *at + RETRY_AFTER) {
                     if Instant::now() < until {
@@ -66,33 +71,52 @@ impl Scheduler {
                 }
                 let since = last_arrival.get(stream).copied().unwrap_or(started);
                 let idle_at = since + self.idle;
-                let full_only = Instant::now() < idle_at;
-                self.stats.lock().expect("stats").busy = Some(stream.clone());
-                let outcome = self.engine.step(stream, full_only).await;
+                due.push((stream.clone(), Instant::now() < idle_at));
+                idle_ats.push(idle_at);
+            }
+            if !due.is_empty() {
+                let names: Vec<&str> = due
+                    .iter()
+                    .take(MAX_BATCH)
+                    .map(|(s, _)| s.as_str())
+                    .collect();
+                self.stats.lock().expect("stats").busy = Some(names.join(", "));
+                let outcomes = match self.engine.steps(due.clone()).await {
+                    Ok(outcomes) => outcomes,
+                    Err(e) => due.iter().map(|_| Err(e.clone())).collect(),
+                };
                 self.stats.lock().expect("stats").busy = None;
-                match outcome {
-                    Ok(Step::Done(step)) => {
-                        tracing::info!("{stream}: {step}");
-                        self.stats.lock().expect("stats").stepped(stream, &step);
-                        last_served = Some(stream.clone());
-                        served = true;
-                        break;
-                    }
-                    Ok(Step::NotReady { pending_tokens }) => {
-                        let mut stats = self.stats.lock().expect("stats");
-                        stats
-                            .streams
-                            .entry(stream.clone())
-                            .or_default()
-                            .pending_tokens = Some(pending_tokens);
-                        wake = Some(wake.map_or(idle_at, |w| w.min(idle_at)));
-                    }
-                    Ok(Step::Nothing) => {}
-                    Err(e) => {
-                        tracing::error!("{e}; trying again in {}s", RETRY_AFTER.as_secs());
-                        let mut stats = self.stats.lock().expect("stats");
-                        stats.streams.entry(stream.clone()).or_default().last_error = Some(e);
-                        failed.insert(stream.clone(), Instant::now());
+                let stepped = outcomes
+                    .iter()
+                    .filter(|o| matches!(o, Ok(Step::Done(_))))
+                    .count();
+                if stepped > 1 {
+                    tracing::info!("stepped {stepped} streams in one batch");
+                }
+                for (((stream, _), idle_at), outcome) in due.iter().zip(idle_ats).zip(outcomes) {
+                    match outcome {
+                        Ok(Step::Done(step)) => {
+                            tracing::info!("{stream}: {step}");
+                            self.stats.lock().expect("stats").stepped(stream, &step);
+                            last_served = Some(stream.clone());
+                            served = true;
+                        }
+                        Ok(Step::NotReady { pending_tokens }) => {
+                            let mut stats = self.stats.lock().expect("stats");
+                            stats
+                                .streams
+                                .entry(stream.clone())
+                                .or_default()
+                                .pending_tokens = Some(pending_tokens);
+                            wake = Some(wake.map_or(idle_at, |w| w.min(idle_at)));
+                        }
+                        Ok(Step::Nothing) | Ok(Step::Deferred) => {}
+                        Err(e) => {
+                            tracing::error!("{e}; trying again in {}s", RETRY_AFTER.as_secs());
+                            let mut stats = self.stats.lock().expect("stats");
+                            stats.streams.entry(stream.clone()).or_default().last_error = Some(e);
+                            failed.insert(stream.clone(), Instant::now());
+                        }
                     }
                 }
             }

@@ -2,6 +2,7 @@
 //! model, the socket API, and SIGKILL.
 
 mod bad_input;
+mod batch;
 mod changes;
 mod chat;
 mod crash;

@@ -47,6 +47,19 @@ pub trait Backend {
     fn chat_prompt_tokens(&self, user_message: &str) -> Result<Option<usize>>;
 
     fn complete(&self, user_message: &str, options: &GenerateOptions) -> Result<Completion>;
+
+    /// Replies to several independent messages: one after another unless the backend
+    /// can do better (the local model decodes them as one batch, with the same replies).
+    fn complete_batch(
+        &self,
+        user_messages: &[String],
+        options: &GenerateOptions,
+    ) -> Result<Vec<Completion>> {
+        user_messages
+            .iter()
+            .map(|message| self.complete(message, options))
+            .collect()
+    }
 }
 
 /// Token ids of plain text and back, for cutting documents into chunks.
@@ -82,17 +95,45 @@ impl Backend for LocalModel {
     fn complete(&self, user_message: &str, options: &GenerateOptions) -> Result<Completion> {
         let start = Instant::now();
         let reply = self.generate_chat(&[Message::user(user_message)], options)?;
-        Ok(Completion {
-            text: reply.text,
-            prompt_tokens: reply.prompt_tokens,
-            completion_tokens: reply.completion_tokens,
-            stop_reason: reply.stop_reason,
-            seconds: start.elapsed().as_secs_f64(),
-            decoding: Some(reply.decoding),
-            timings: Some(Timings {
-                prefill_seconds: reply.prefill_seconds,
-                decode_seconds: reply.decode_seconds,
-            }),
-        })
+        Ok(local_completion(reply, start.elapsed().as_secs_f64()))
+    }
+
+    fn complete_batch(
+        &self,
+        user_messages: &[String],
+        options: &GenerateOptions,
+    ) -> Result<Vec<Completion>> {
+        if user_messages.len() == 1 {
+            return Ok(vec![self.complete(&user_messages[0], options)?]);
+        }
+        let prompts = user_messages
+            .iter()
+            .map(|m| self.chat_prompt_ids(&[Message::user(m)]))
+            .collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+        let replies = self.generate_batch(&refs, options)?;
+        Ok(replies
+            .into_iter()
+            .map(|reply| {
+                // A reply's own time: its prefill and its part of the shared decoding.
+                let seconds = reply.prefill_seconds + reply.decode_seconds;
+                local_completion(reply, seconds)
+            })
+            .collect())
+    }
+}
+
+fn local_completion(reply: crate::model::Generation, seconds: f64) -> Completion {
+    Completion {
+        text: reply.text,
+        prompt_tokens: reply.prompt_tokens,
+        completion_tokens: reply.completion_tokens,
+        stop_reason: reply.stop_reason,
+        seconds,
+        decoding: Some(reply.decoding),
+        timings: Some(Timings {
+            prefill_seconds: reply.prefill_seconds,
+            decode_seconds: reply.decode_seconds,
+        }),
     }
 }

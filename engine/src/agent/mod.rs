@@ -327,6 +327,49 @@ impl<'a> MemoryAgent<'a> {
         let reply = self
             .backend
             .complete(&message, &self.options(self.profile.memory_tokens))?;
+        self.finish_update(
+            template,
+            memory,
+            chunk,
+            reply,
+            start.elapsed().as_secs_f64(),
+        )
+    }
+
+    /// Update steps of several independent memories (other streams, other questions)
+    /// at once: `(question, memory, chunk)` each, with `template`. The local model
+    /// decodes them as one batch; each gets the report it would get alone.
+    pub fn update_many(
+        &self,
+        template: Template,
+        steps: &[(&str, &str, &Chunk)],
+    ) -> Result<Vec<StepReport>> {
+        let messages: Vec<String> = steps
+            .iter()
+            .map(|(question, memory, chunk)| template.fill(question, memory, &chunk.text))
+            .collect();
+        let replies = self
+            .backend
+            .complete_batch(&messages, &self.options(self.profile.memory_tokens))?;
+        steps
+            .iter()
+            .zip(replies)
+            .map(|((_, memory, chunk), reply)| {
+                let seconds = reply.seconds;
+                self.finish_update(template, memory, chunk, reply, seconds)
+            })
+            .collect()
+    }
+
+    /// A step's report from the model's reply: memory hygiene, then the cut to M tokens.
+    fn finish_update(
+        &self,
+        template: Template,
+        memory: &str,
+        chunk: &Chunk,
+        reply: Completion,
+        seconds: f64,
+    ) -> Result<StepReport> {
         let (mut memory, repaired) = hygiene::clean(memory_text(&reply.text), memory, template);
         let mut ids = self.tokenizer.encode(&memory)?;
         let mut cut = reply.stop_reason == StopReason::MaxTokens;
@@ -343,7 +386,7 @@ impl<'a> MemoryAgent<'a> {
             memory_tokens: ids.len(),
             cut,
             stop_reason: reply.stop_reason,
-            seconds: start.elapsed().as_secs_f64(),
+            seconds,
             memory,
             repaired,
             decoding: reply.decoding,
