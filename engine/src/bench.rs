@@ -84,13 +84,7 @@ pub fn bench_rewrite(
     repeats: usize,
 ) -> Result<(BenchResult, Vec<u32>)> {
     let prompt = rewrite_prompt(model, filler, memory_tokens, 0)?;
-    let options = GenerateOptions {
-        max_new_tokens: max_tokens,
-        stop_on_repeat: Some(crate::agent::REPEAT_GUARD_TOKENS),
-        stop_on_repeated_line: true,
-        draft_tokens,
-        ..GenerateOptions::default()
-    };
+    let options = rewrite_options(max_tokens, draft_tokens);
     reset_peak_rss();
     let mut seconds = Vec::with_capacity(repeats);
     let mut generation = None;
@@ -157,6 +151,17 @@ fn rewrite_prompt(
     model.chat_prompt_ids(&[Message::user(&text)])
 }
 
+/// How the loop decodes a memory rewrite: greedy, with its loop stops.
+fn rewrite_options(max_tokens: usize, draft_tokens: usize) -> GenerateOptions {
+    GenerateOptions {
+        max_new_tokens: max_tokens,
+        stop_on_repeat: Some(crate::agent::REPEAT_GUARD_TOKENS),
+        stop_on_repeated_line: true,
+        draft_tokens,
+        ..GenerateOptions::default()
+    }
+}
+
 /// `sequences` different memory rewrites (memories of about `memory_tokens` tokens),
 /// decoded one after another and then as one batch ([`LocalModel::generate_batch`]):
 /// decode tokens per second of all of them each way (`bw{n}-alone`, `bw{n}`), with a
@@ -172,13 +177,7 @@ pub fn bench_batch(
     let prompts = (0..sequences.max(1))
         .map(|i| rewrite_prompt(model, filler, memory_tokens, i))
         .collect::<Result<Vec<_>>>()?;
-    let options = GenerateOptions {
-        max_new_tokens: max_tokens,
-        stop_on_repeat: Some(crate::agent::REPEAT_GUARD_TOKENS),
-        stop_on_repeated_line: true,
-        draft_tokens,
-        ..GenerateOptions::default()
-    };
+    let options = rewrite_options(max_tokens, draft_tokens);
     // Decode tokens: all but each sequence's first, which comes out of its prefill.
     let decoded = |gs: &[crate::model::Generation]| -> usize {
         gs.iter()
