@@ -308,8 +308,10 @@ pub struct IngestArgs {
 pub struct QueryArgs {
     pub stream: String,
 
-    /// The question
-    pub question: String,
+    /// The question; several questions are answered together (decoded as one batch),
+    /// each printed after its question
+    #[arg(value_name = "QUESTION", required = true, num_args = 1..)]
+    pub questions: Vec<String>,
 
     /// Answer from this memory version instead of the latest
     #[arg(long, value_name = "VERSION", conflicts_with = "deep")]
@@ -317,7 +319,8 @@ pub struct QueryArgs {
 
     /// Read the stored chunks again with this question (the exact MemAgent protocol,
     /// linear in the stream's length); the question keeps its own memory, so asking again
-    /// later reads only chunks that arrived since
+    /// later reads only chunks that arrived since. Several questions read the chunks side
+    /// by side, each step of all of them decoded as one batch
     #[arg(long)]
     pub deep: bool,
 
@@ -794,6 +797,10 @@ pub struct BenchRulerArgs {
     /// Forget saved results and start over
     #[arg(long)]
     pub fresh: bool,
+    /// Samples of one task, length and mode read side by side, each step of all of them
+    /// decoded as one batch (the same answers as one at a time; 1 reads them one by one)
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub batch: u16,
     #[command(flatten)]
     pub run: LoopArgs,
 }

@@ -253,65 +253,133 @@ impl Ingestor<'_> {
         question: &str,
         on_step: &mut dyn FnMut(&StepOutcome, usize),
     ) -> Result<DeepAnswer> {
-        let stream = self.store.require(stream)?;
-        let record = self.store.question_chain(&stream, question)?;
-        let chunks = self.store.chunks(&stream)?;
-        let mut cursor = self.store.cursor(&stream, record.chain)?;
-        let mut memory = match self.store.latest(&stream, record.chain)? {
-            Some(v) => v.text,
-            None => NO_MEMORY.to_string(),
-        };
-        let mut steps = 0;
-        for chunk in chunks.iter().skip(cursor.next_chunk as usize) {
-            let bytes = self.store.read_log(&stream, chunk.start, chunk.end)?;
-            let text = String::from_utf8(bytes).map_err(|e| Error::Corrupt {
-                tree: "log",
-                key: format!("{}/{}", stream.id, chunk.start),
-                reason: format!("chunk {} is not UTF-8: {e}", chunk.index),
-            })?;
-            let started = Instant::now();
-            let report = self
-                .agent
-                .update(
-                    question,
-                    &memory,
-                    &Chunk {
-                        text,
-                        tokens: chunk.tokens as usize,
-                    },
-                )
-                .map_err(engine_error)?;
-            let version = self.model_version(
-                &cursor,
-                chunk,
-                &report,
-                UPDATE,
-                started.elapsed().as_secs_f64(),
-            );
-            cursor = Cursor {
-                next_chunk: chunk.index + 1,
-                offset: chunk.end,
-                version: version.version,
-            };
-            self.store
-                .commit_step(&stream, record.chain, chunk, &version, &cursor)?;
-            memory.clone_from(&version.text);
-            steps += 1;
-            on_step(
-                &StepOutcome {
-                    chunk: chunk.clone(),
-                    version,
-                },
-                chunks.len(),
-            );
+        let mut answers = self.deep_many(&[(stream, question)], &mut |_, step, total| {
+            on_step(step, total)
+        })?;
+        Ok(answers.pop().expect("one answer per query"))
+    }
+
+    /// Deep queries of several `(stream, question)` pairs at once (several questions of
+    /// one stream, or samples in several streams): each round reads the next chunk of
+    /// every chain that has one, decoded as one batch, and commits each step on its own;
+    /// then the answers are decoded as one batch. Each chain ends exactly as it would
+    /// alone. `on_step` sees the pair's index (a pair asked twice is read once, under its
+    /// first index), the step, and the chain's chunk count. One answer per pair, in order.
+    pub fn deep_many(
+        &self,
+        queries: &[(&str, &str)],
+        on_step: &mut dyn FnMut(usize, &StepOutcome, usize),
+    ) -> Result<Vec<DeepAnswer>> {
+        struct Chain {
+            first: usize,
+            question: String,
+            stream: StreamRecord,
+            chain: u64,
+            chunks: Vec<ChunkRecord>,
+            cursor: Cursor,
+            memory: String,
+            steps: usize,
         }
-        let answer = self.agent.answer(question, &memory).map_err(engine_error)?;
-        Ok(DeepAnswer {
-            chain: record.chain,
-            version: cursor.version,
-            steps,
-            answer,
-        })
+        let mut chains: Vec<Chain> = Vec::new();
+        let mut slots = Vec::with_capacity(queries.len());
+        for (i, &(name, question)) in queries.iter().enumerate() {
+            if let Some(k) = chains
+                .iter()
+                .position(|c| c.stream.name == name && c.question == question)
+            {
+                slots.push(k);
+                continue;
+            }
+            let stream = self.store.require(name)?;
+            let record = self.store.question_chain(&stream, question)?;
+            let memory = match self.store.latest(&stream, record.chain)? {
+                Some(v) => v.text,
+                None => NO_MEMORY.to_string(),
+            };
+            slots.push(chains.len());
+            chains.push(Chain {
+                first: i,
+                question: question.to_string(),
+                chunks: self.store.chunks(&stream)?,
+                cursor: self.store.cursor(&stream, record.chain)?,
+                chain: record.chain,
+                stream,
+                memory,
+                steps: 0,
+            });
+        }
+        loop {
+            let mut ready = Vec::new();
+            for (k, c) in chains.iter().enumerate() {
+                let Some(chunk) = c.chunks.get(c.cursor.next_chunk as usize) else {
+                    continue;
+                };
+                let bytes = self.store.read_log(&c.stream, chunk.start, chunk.end)?;
+                let text = String::from_utf8(bytes).map_err(|e| Error::Corrupt {
+                    tree: "log",
+                    key: format!("{}/{}", c.stream.id, chunk.start),
+                    reason: format!("chunk {} is not UTF-8: {e}", chunk.index),
+                })?;
+                let input = Chunk {
+                    text,
+                    tokens: chunk.tokens as usize,
+                };
+                ready.push((k, chunk.clone(), input));
+            }
+            if ready.is_empty() {
+                break;
+            }
+            let started = Instant::now();
+            let inputs: Vec<(&str, &str, &Chunk)> = ready
+                .iter()
+                .map(|(k, _, input)| {
+                    let c = &chains[*k];
+                    (c.question.as_str(), c.memory.as_str(), input)
+                })
+                .collect();
+            let reports = self
+                .agent
+                .update_many(UPDATE, &inputs)
+                .map_err(engine_error)?;
+            let alone = ready.len() == 1;
+            for ((k, chunk, _), report) in ready.into_iter().zip(reports) {
+                // Alone, the step's whole time; in a batch, its own prefill and decoding.
+                let seconds = if alone {
+                    started.elapsed().as_secs_f64()
+                } else {
+                    report.seconds
+                };
+                let c = &mut chains[k];
+                let version = self.model_version(&c.cursor, &chunk, &report, UPDATE, seconds);
+                let cursor = Cursor {
+                    next_chunk: chunk.index + 1,
+                    offset: chunk.end,
+                    version: version.version,
+                };
+                self.store
+                    .commit_step(&c.stream, c.chain, &chunk, &version, &cursor)?;
+                c.cursor = cursor;
+                c.memory.clone_from(&version.text);
+                c.steps += 1;
+                on_step(c.first, &StepOutcome { chunk, version }, c.chunks.len());
+            }
+        }
+        let items: Vec<(&str, &str)> = chains
+            .iter()
+            .map(|c| (c.question.as_str(), c.memory.as_str()))
+            .collect();
+        let answers = self.agent.answer_many(None, &items).map_err(engine_error)?;
+        let answers: Vec<DeepAnswer> = chains
+            .iter()
+            .zip(answers)
+            .map(|(c, answer)| DeepAnswer {
+                chain: c.chain,
+                version: c.cursor.version,
+                steps: c.steps,
+                answer,
+            })
+            .collect();
+        Ok(slots.into_iter().map(|k| answers[k].clone()).collect())
     }
 
     fn model_version(
@@ -360,8 +428,22 @@ pub fn general_answer(
     memory: &MemoryVersion,
     question: &str,
 ) -> Result<AnswerReport> {
+    let mut answers = general_answers(agent, memory, &[question])?;
+    Ok(answers.pop().expect("one answer per question"))
+}
+
+/// Answers several questions from one stored memory, decoded as one batch.
+pub fn general_answers(
+    agent: &MemoryAgent<'_>,
+    memory: &MemoryVersion,
+    questions: &[&str],
+) -> Result<Vec<AnswerReport>> {
+    let items: Vec<(&str, &str)> = questions
+        .iter()
+        .map(|q| (*q, memory.text.as_str()))
+        .collect();
     agent
-        .answer_from(GENERAL_ANSWER, question, &memory.text)
+        .answer_many(Some(GENERAL_ANSWER), &items)
         .map_err(engine_error)
 }
 

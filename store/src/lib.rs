@@ -36,7 +36,8 @@ pub use codec::show_key;
 use codec::{decode, encode, key1, key2, key3, last_u64};
 pub use error::{Error, Result};
 pub use ingest::{
-    general_answer, DeepAnswer, Ingestor, StepOutcome, GENERAL_ANSWER, GENERAL_UPDATE,
+    general_answer, general_answers, DeepAnswer, Ingestor, StepOutcome, GENERAL_ANSWER,
+    GENERAL_UPDATE,
 };
 pub use records::{
     Author, ChunkRecord, Cursor, FileRecord, MemoryVersion, QuestionRecord, SourceRecord,

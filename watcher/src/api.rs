@@ -12,6 +12,7 @@
 //! | `GET /v1/history?stream=S` | every memory version |
 //! | `POST /v1/memory` `{stream, version}` | adds a version written by a person |
 //! | `POST /v1/query` `{stream, question, at?, deep?}` | an answer from the memory |
+//! | `POST /v1/query` `{stream, questions: [..], at?, deep?}` | `{stream, answers: [..]}`, decoded as one batch |
 //!
 //! Errors are `{"error": "…"}` with status 400, 404 or 500.
 
@@ -260,41 +261,58 @@ async fn add_memory(State(state): State<AppState>, Json(body): Json<NewVersion>)
 #[derive(Deserialize)]
 struct QueryBody {
     stream: String,
-    question: String,
+    question: Option<String>,
+    questions: Option<Vec<String>>,
     at: Option<u64>,
     #[serde(default)]
     deep: bool,
 }
 
 async fn query(State(state): State<AppState>, Json(body): Json<QueryBody>) -> ApiResult {
-    if body.question.trim().is_empty() {
-        return Err(ApiError(
-            StatusCode::BAD_REQUEST,
-            "the question is empty".into(),
-        ));
+    let bad = |message: &str| Err(ApiError(StatusCode::BAD_REQUEST, message.into()));
+    let (questions, several) = match (body.question, body.questions) {
+        (Some(q), None) => (vec![q], false),
+        (None, Some(qs)) if !qs.is_empty() => (qs, true),
+        (None, Some(_)) => return bad("`questions` is empty; give at least one question"),
+        (None, None) => return bad("give `question` (a string) or `questions` (a list)"),
+        (Some(_), Some(_)) => return bad("give `question` or `questions`, not both"),
+    };
+    if let Some(i) = questions.iter().position(|q| q.trim().is_empty()) {
+        return match several {
+            true => bad(&format!("question {} is empty", i + 1)),
+            false => bad("the question is empty"),
+        };
     }
-    if body.deep {
+    let answers: Vec<Value> = if body.deep {
         state.store.require(&body.stream)?;
         let deep = state
             .engine
-            .deep(&body.stream, &body.question)
+            .deep(&body.stream, questions.clone())
             .await
             .map_err(engine_error)?;
-        return Ok(Json(deep_json(&body.stream, &body.question, &deep)));
+        questions
+            .iter()
+            .zip(&deep)
+            .map(|(q, d)| deep_json(&body.stream, q, d))
+            .collect()
+    } else {
+        let memory = version_at(&state.store, &body.stream, body.at)?;
+        let version = memory.version;
+        let reports = state
+            .engine
+            .answer(memory, questions.clone())
+            .await
+            .map_err(engine_error)?;
+        questions
+            .iter()
+            .zip(&reports)
+            .map(|(q, r)| answer_json(&body.stream, version, q, r))
+            .collect()
+    };
+    match several {
+        true => Ok(Json(json!({"stream": body.stream, "answers": answers}))),
+        false => Ok(Json(answers.into_iter().next().unwrap_or_default())),
     }
-    let memory = version_at(&state.store, &body.stream, body.at)?;
-    let version = memory.version;
-    let report = state
-        .engine
-        .answer(memory, &body.question)
-        .await
-        .map_err(engine_error)?;
-    Ok(Json(answer_json(
-        &body.stream,
-        version,
-        &body.question,
-        &report,
-    )))
 }
 
 /// The answer to a question from memory version `version`, as the API and

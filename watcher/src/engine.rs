@@ -7,7 +7,7 @@ use std::sync::mpsc;
 
 use memagent_engine::agent::{AnswerReport, MemoryAgent};
 use memagent_store::{
-    general_answer, DeepAnswer, Ingestor, MemoryVersion, StepOutcome, Store, GENERAL,
+    general_answers, DeepAnswer, Ingestor, MemoryVersion, StepOutcome, Store, GENERAL,
 };
 use tokio::sync::oneshot;
 
@@ -40,17 +40,18 @@ pub enum Request {
         streams: Vec<(String, bool)>,
         reply: Reply<Vec<Result<Step, String>>>,
     },
-    /// Answer from a memory version.
+    /// Answer questions from a memory version, decoded as one batch.
     Answer {
         memory: Box<MemoryVersion>,
-        question: String,
-        reply: Reply<AnswerReport>,
+        questions: Vec<String>,
+        reply: Reply<Vec<AnswerReport>>,
     },
-    /// A deep query (the exact MemAgent protocol over the stored chunks).
+    /// Deep queries of one stream (the exact MemAgent protocol over the stored chunks),
+    /// the questions' chains read side by side in batches.
     Deep {
         stream: String,
-        question: String,
-        reply: Reply<DeepAnswer>,
+        questions: Vec<String>,
+        reply: Reply<Vec<DeepAnswer>>,
     },
 }
 
@@ -87,22 +88,25 @@ impl EngineHandle {
     pub async fn answer(
         &self,
         memory: MemoryVersion,
-        question: &str,
-    ) -> Result<AnswerReport, String> {
-        let question = question.to_string();
+        questions: Vec<String>,
+    ) -> Result<Vec<AnswerReport>, String> {
         self.ask(|reply| Request::Answer {
             memory: Box::new(memory),
-            question,
+            questions,
             reply,
         })
         .await
     }
 
-    pub async fn deep(&self, stream: &str, question: &str) -> Result<DeepAnswer, String> {
-        let (stream, question) = (stream.to_string(), question.to_string());
+    pub async fn deep(
+        &self,
+        stream: &str,
+        questions: Vec<String>,
+    ) -> Result<Vec<DeepAnswer>, String> {
+        let stream = stream.to_string();
         self.ask(|reply| Request::Deep {
             stream,
-            question,
+            questions,
             reply,
         })
         .await
@@ -125,20 +129,25 @@ pub fn serve(
             }
             Request::Answer {
                 memory,
-                question,
+                questions,
                 reply,
             } => {
+                let questions: Vec<&str> = questions.iter().map(String::as_str).collect();
                 let _ = reply
-                    .send(general_answer(agent, &memory, &question).map_err(|e| e.to_string()));
+                    .send(general_answers(agent, &memory, &questions).map_err(|e| e.to_string()));
             }
             Request::Deep {
                 stream,
-                question,
+                questions,
                 reply,
             } => {
+                let queries: Vec<(&str, &str)> = questions
+                    .iter()
+                    .map(|q| (stream.as_str(), q.as_str()))
+                    .collect();
                 let _ = reply.send(
                     ingestor
-                        .deep(&stream, &question, &mut |_, _| {})
+                        .deep_many(&queries, &mut |_, _, _| {})
                         .map_err(|e| e.to_string()),
                 );
             }

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use memagent_engine::agent::MemoryAgent;
-use memagent_store::{general_answer, Ingestor, Store, StreamRecord, GENERAL};
+use memagent_store::{Ingestor, Store, StreamRecord, GENERAL, GENERAL_ANSWER};
 use memagent_tasks::{generate, score, QaItem, RulerSample, Sources, Task};
 use serde::{Deserialize, Serialize};
 
@@ -169,18 +169,19 @@ pub fn run(global: &GlobalArgs, args: &BenchRulerArgs) -> Result<()> {
             tokenizer: agent.tokenizer(),
             qa: &qa,
         };
+        // Streams whose documents were read in this run (`--fresh` starts each over once).
+        let mut ingested = HashSet::new();
         for &length in &args.lengths {
             for &task in &tasks {
-                for i in 0..args.samples {
-                    let seed = args.task_seed + i as u64;
-                    let mut sample: Option<RulerSample> = None;
-                    // The sample's stream, once its document is in the general memory.
-                    let mut stream: Option<String> = None;
-                    for mode in &args.modes {
+                // A sample's modes share its document.
+                let mut samples: BTreeMap<u64, RulerSample> = BTreeMap::new();
+                for mode in &args.modes {
+                    let mut pending = Vec::new();
+                    for i in 0..args.samples {
                         let blank = Record {
                             task,
                             length,
-                            seed,
+                            seed: args.task_seed + i as u64,
                             mode: mode.clone(),
                             model: model.clone(),
                             chunk_tokens: profile.chunk_tokens,
@@ -206,35 +207,44 @@ pub fn run(global: &GlobalArgs, args: &BenchRulerArgs) -> Result<()> {
                         };
                         if done.contains(&blank.key()) {
                             skipped += 1;
-                            continue;
+                        } else {
+                            pending.push(blank);
                         }
-                        let sample = match &sample {
-                            Some(s) => s,
-                            None => sample.insert(generate(&sources, task, length, seed)?),
-                        };
-                        let record = match (&stored, blank.stream.clone()) {
-                            (Some(stored), Some(name)) => {
-                                if stream.as_deref() != Some(name.as_str()) {
-                                    stored.ingest(&name, sample)?;
-                                    stream = Some(name);
-                                }
-                                stored.run(agent, sample, blank)?
+                    }
+                    // Samples of a mode go `--batch` at a time (the direct mode one by one).
+                    for group in pending.chunks(usize::from(args.batch)) {
+                        for blank in group {
+                            if let std::collections::btree_map::Entry::Vacant(slot) =
+                                samples.entry(blank.seed)
+                            {
+                                slot.insert(generate(&sources, task, length, blank.seed)?);
                             }
-                            _ => run_one(agent, sample, blank)?,
+                        }
+                        let group: Vec<(&RulerSample, Record)> = group
+                            .iter()
+                            .map(|blank| (&samples[&blank.seed], blank.clone()))
+                            .collect();
+                        let finished = match &stored {
+                            Some(stored) if mode != "direct" => {
+                                stored.run(agent, group, &mut ingested)?
+                            }
+                            _ => run_group(agent, group)?,
                         };
-                        ran += 1;
-                        let elapsed = started.elapsed().as_secs_f64();
-                        eprintln!(
-                            "[{}/{total}] {task} {length} seed {seed} {mode}: {} ({:.1}s; {:.0}s so far)",
-                            skipped + ran,
-                            record.score.map_or("n/a".to_string(), |s| format!("{:.0}%", s * 100.0)),
-                            record.seconds,
-                            elapsed
-                        );
-                        serde_json::to_writer(&mut saved, &record)?;
-                        writeln!(saved)?;
-                        saved.flush()?;
-                        records.push(record);
+                        for record in finished {
+                            ran += 1;
+                            eprintln!(
+                                "[{}/{total}] {task} {length} seed {} {mode}: {} ({:.1}s; {:.0}s so far)",
+                                skipped + ran,
+                                record.seed,
+                                record.score.map_or("n/a".to_string(), |s| format!("{:.0}%", s * 100.0)),
+                                record.seconds,
+                                started.elapsed().as_secs_f64()
+                            );
+                            serde_json::to_writer(&mut saved, &record)?;
+                            writeln!(saved)?;
+                            saved.flush()?;
+                            records.push(record);
+                        }
                     }
                 }
             }
@@ -269,24 +279,44 @@ pub fn run(global: &GlobalArgs, args: &BenchRulerArgs) -> Result<()> {
     Ok(())
 }
 
-fn run_one(agent: &MemoryAgent<'_>, sample: &RulerSample, mut record: Record) -> Result<Record> {
-    let started = Instant::now();
-    let answer = if record.mode == "memory" {
-        let run = agent.run(&sample.document, &sample.question, &mut |_| {})?;
-        record.steps = run.steps.len();
-        Some(run.final_answer.answer)
-    } else {
-        match agent.direct(&sample.document, &sample.question) {
+/// Samples of one mode without the store: the memory loop over all of them as one batch
+/// (each sample's seconds are its share of the batch's time, by tokens), the direct
+/// answer one by one.
+fn run_group(agent: &MemoryAgent<'_>, group: Vec<(&RulerSample, Record)>) -> Result<Vec<Record>> {
+    if group.first().is_some_and(|(_, r)| r.mode == "memory") {
+        let started = Instant::now();
+        let jobs: Vec<(&str, &str)> = group
+            .iter()
+            .map(|(s, _)| (s.document.as_str(), s.question.as_str()))
+            .collect();
+        let runs = agent.run_many(&jobs, &mut |_, _| {})?;
+        let seconds = started.elapsed().as_secs_f64();
+        let tokens: usize = runs.iter().map(|r| r.input_tokens).sum();
+        return Ok(group
+            .into_iter()
+            .zip(runs)
+            .map(|((sample, mut record), run)| {
+                record.steps = run.steps.len();
+                record.seconds = seconds * run.input_tokens as f64 / tokens.max(1) as f64;
+                scored(sample, record, Some(run.final_answer.answer))
+            })
+            .collect());
+    }
+    let mut out = Vec::with_capacity(group.len());
+    for (sample, mut record) in group {
+        let started = Instant::now();
+        let answer = match agent.direct(&sample.document, &sample.question) {
             Ok(report) => Some(report.answer),
             Err(memagent_engine::Error::Budget(reason)) => {
                 tracing::debug!("direct n/a: {reason}");
                 None
             }
             Err(e) => return Err(e.into()),
-        }
-    };
-    record.seconds = started.elapsed().as_secs_f64();
-    Ok(scored(sample, record, answer))
+        };
+        record.seconds = started.elapsed().as_secs_f64();
+        out.push(scored(sample, record, answer));
+    }
+    Ok(out)
 }
 
 /// The sample's fields of the record, and the answer's score.
@@ -323,10 +353,10 @@ impl Stored<'_> {
         )
     }
 
-    /// Appends the sample's document to its stream and reads it into the general memory
-    /// step by committed step. A stream left by a stopped run with the same document and
-    /// model continues at its cursor; one holding anything else (or `--fresh`) starts over.
-    fn ingest(&self, name: &str, sample: &RulerSample) -> Result<()> {
+    /// Appends the sample's document to its stream (read into the general memory by
+    /// [`Self::read`]). A stream left by a stopped run with the same document and model
+    /// continues at its cursor; one holding anything else (or `--fresh`) starts over.
+    fn prepare(&self, name: &str, sample: &RulerSample) -> Result<()> {
         if let Some(stream) = self.store.stream(name)? {
             let reason = if self.fresh {
                 Some("--fresh")
@@ -357,8 +387,23 @@ impl Stored<'_> {
                 cursor.next_chunk, cursor.offset, stream.log_len
             );
         }
-        while let Some(step) = self.ingestor.step(name)? {
-            tracing::info!("{name} general: {step}");
+        Ok(())
+    }
+
+    /// Reads the streams' pending chunks into their general memories, a step of each
+    /// stream at a time decoded as one batch, each step committed.
+    fn read(&self, names: &[&str]) -> Result<()> {
+        let mut active = names.to_vec();
+        while !active.is_empty() {
+            let outcomes = self.ingestor.step_many(&active);
+            let mut still = Vec::with_capacity(active.len());
+            for (name, outcome) in active.into_iter().zip(outcomes) {
+                if let Some(step) = outcome? {
+                    tracing::info!("{name} general: {step}");
+                    still.push(name);
+                }
+            }
+            active = still;
         }
         Ok(())
     }
@@ -379,38 +424,70 @@ impl Stored<'_> {
         Ok(false)
     }
 
-    /// `memory`: the question chain over the stream's chunks (continuing where a stopped
-    /// run left it), answered with the MemAgent template; `general`: the general memory's
-    /// latest version, answered as `memctl query` answers.
+    /// Samples of one mode through their streams, read side by side: each document into
+    /// its general memory (unless this run did already), then `memory`: the question
+    /// chains over the streams' chunks (continuing where a stopped run left them),
+    /// answered with the MemAgent template; `general`: the general memories' latest
+    /// versions, answered as `memctl query` answers.
     fn run(
         &self,
         agent: &MemoryAgent<'_>,
-        sample: &RulerSample,
-        mut record: Record,
-    ) -> Result<Record> {
-        let name = record
-            .stream
-            .clone()
-            .expect("a stored record names its stream");
-        let (chain, report) = if record.mode == "memory" {
-            let deep = self
-                .ingestor
-                .deep(&name, &sample.question, &mut |step, _| {
-                    tracing::info!("{name} question: {step}");
-                })?;
-            (deep.chain, deep.answer)
+        group: Vec<(&RulerSample, Record)>,
+        ingested: &mut HashSet<String>,
+    ) -> Result<Vec<Record>> {
+        let names: Vec<String> = group
+            .iter()
+            .map(|(_, r)| r.stream.clone().expect("a stored record names its stream"))
+            .collect();
+        let mut unread = Vec::new();
+        for ((sample, _), name) in group.iter().zip(&names) {
+            if ingested.insert(name.clone()) {
+                self.prepare(name, sample)?;
+                unread.push(name.as_str());
+            }
+        }
+        self.read(&unread)?;
+        let memory_mode = group[0].1.mode == "memory";
+        let (chains, reports) = if memory_mode {
+            let queries: Vec<(&str, &str)> = group
+                .iter()
+                .zip(&names)
+                .map(|((sample, _), name)| (name.as_str(), sample.question.as_str()))
+                .collect();
+            let deep = self.ingestor.deep_many(&queries, &mut |i, step, _| {
+                tracing::info!("{} question: {step}", queries[i].0);
+            })?;
+            deep.into_iter().map(|d| (d.chain, d.answer)).unzip()
         } else {
-            let stream = self.store.require(&name)?;
-            let latest = self
-                .store
-                .latest(&stream, GENERAL)?
-                .ok_or_else(|| anyhow!("stream `{name}` has no general memory"))?;
-            (GENERAL, general_answer(agent, &latest, &sample.question)?)
+            let mut latest = Vec::with_capacity(names.len());
+            for name in &names {
+                let stream = self.store.require(name)?;
+                let memory = self
+                    .store
+                    .latest(&stream, GENERAL)?
+                    .ok_or_else(|| anyhow!("stream `{name}` has no general memory"))?;
+                latest.push(memory.text);
+            }
+            let items: Vec<(&str, &str)> = group
+                .iter()
+                .zip(&latest)
+                .map(|((sample, _), memory)| (sample.question.as_str(), memory.as_str()))
+                .collect();
+            let reports = agent.answer_many(Some(GENERAL_ANSWER), &items)?;
+            (vec![GENERAL; names.len()], reports)
         };
-        let versions = self.store.versions(&self.store.require(&name)?, chain)?;
-        record.steps = versions.len();
-        record.seconds = versions.iter().map(|v| v.seconds).sum::<f64>() + report.seconds;
-        Ok(scored(sample, record, Some(report.answer)))
+        let mut out = Vec::with_capacity(group.len());
+        for (((sample, mut record), name), (chain, report)) in group
+            .into_iter()
+            .zip(&names)
+            .zip(chains.into_iter().zip(reports))
+        {
+            let versions = self.store.versions(&self.store.require(name)?, chain)?;
+            record.steps = versions.len();
+            record.seconds = versions.iter().map(|v| v.seconds).sum::<f64>() + report.seconds;
+            out.push(scored(sample, record, Some(report.answer)));
+        }
+        Ok(out)
     }
 }
 

@@ -4,7 +4,7 @@ use std::io::{IsTerminal, Read, Write};
 
 use anyhow::{bail, Context, Result};
 use memagent_store::{
-    general_answer, Author, ExportRecord, Ingestor, MemoryVersion, Store, GENERAL,
+    general_answers, Author, ExportRecord, Ingestor, MemoryVersion, Store, GENERAL,
 };
 use serde_json::json;
 
@@ -127,19 +127,28 @@ pub fn ingest(global: &GlobalArgs, args: &IngestArgs) -> Result<()> {
 }
 
 pub fn query(global: &GlobalArgs, args: &QueryArgs) -> Result<()> {
+    let several = args.questions.len() > 1;
     let db = Db::open(global)?;
     if let Db::Daemon(client) = &db {
-        let answer = client.post(
-            "/v1/query",
-            &json!({"stream": args.stream, "question": args.question, "at": args.at, "deep": args.deep}),
-        )?;
-        if args.json {
-            return print_json(&answer);
+        let mut body = json!({"stream": args.stream, "at": args.at, "deep": args.deep});
+        match several {
+            true => body["questions"] = json!(args.questions),
+            false => body["question"] = json!(args.questions[0]),
         }
+        let reply = client.post("/v1/query", &body)?;
+        if args.json {
+            return print_json(&reply);
+        }
+        let answers = match several {
+            true => reply["answers"].as_array().cloned().unwrap_or_default(),
+            false => vec![reply],
+        };
         let key = if args.deep { "extracted" } else { "answer" };
-        let text = answer[key].as_str().unwrap_or_default();
-        writeln!(std::io::stdout().lock(), "{}", text.trim())?;
-        return Ok(());
+        let texts: Vec<String> = answers
+            .iter()
+            .map(|a| a[key].as_str().unwrap_or_default().to_string())
+            .collect();
+        return print_answers(&args.questions, &texts);
     }
     let memory = db.version_at(&args.stream, args.at)?;
     let Db::Local(store) = db else {
@@ -149,19 +158,44 @@ pub fn query(global: &GlobalArgs, args: &QueryArgs) -> Result<()> {
         return deep_query(global, args, &store);
     }
     let backend = ModelBackend::open(global, &args.run.backend)?;
-    let report = backend.with_agent(&args.run, |agent| {
-        Ok(general_answer(agent, &memory, &args.question)?)
+    let questions: Vec<&str> = args.questions.iter().map(String::as_str).collect();
+    let reports = backend.with_agent(&args.run, |agent| {
+        Ok(general_answers(agent, &memory, &questions)?)
     })?;
     if args.json {
-        return print_json(&memagent_watcher::answer_json(
-            &args.stream,
-            memory.version,
-            &args.question,
-            &report,
-        ));
+        let answers: Vec<serde_json::Value> = questions
+            .iter()
+            .zip(&reports)
+            .map(|(q, r)| memagent_watcher::answer_json(&args.stream, memory.version, q, r))
+            .collect();
+        return print_query_json(&args.stream, answers);
     }
-    writeln!(std::io::stdout().lock(), "{}", report.reply.trim())?;
+    let texts: Vec<String> = reports.iter().map(|r| r.reply.clone()).collect();
+    print_answers(&args.questions, &texts)
+}
+
+/// One question's answer alone; several, each under its question.
+fn print_answers(questions: &[String], answers: &[String]) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    if let [answer] = answers {
+        writeln!(out, "{}", answer.trim())?;
+        return Ok(());
+    }
+    for (i, (question, answer)) in questions.iter().zip(answers).enumerate() {
+        if i > 0 {
+            writeln!(out)?;
+        }
+        writeln!(out, "Q: {}\n{}", question.trim(), answer.trim())?;
+    }
     Ok(())
+}
+
+/// One question's JSON object alone; several as `{stream, answers: [..]}`, as the API.
+fn print_query_json(stream: &str, mut answers: Vec<serde_json::Value>) -> Result<()> {
+    if answers.len() == 1 {
+        return print_json(&answers.remove(0));
+    }
+    print_json(&json!({"stream": stream, "answers": answers}))
 }
 
 fn deep_query(global: &GlobalArgs, args: &QueryArgs, store: &Store) -> Result<()> {
@@ -174,10 +208,18 @@ fn deep_query(global: &GlobalArgs, args: &QueryArgs, store: &Store) -> Result<()
             !global.quiet && !args.json && std::io::stderr().is_terminal(),
             "{spinner} chunk {pos}/{len} [{bar:30}] ETA {eta}",
         );
-        let result = ingestor.deep(&args.stream, &args.question, &mut |step, total| {
+        let queries: Vec<(&str, &str)> = args
+            .questions
+            .iter()
+            .map(|q| (args.stream.as_str(), q.as_str()))
+            .collect();
+        // Chains read side by side: the bar follows the one furthest behind.
+        let mut done = vec![u64::MAX; queries.len()];
+        let result = ingestor.deep_many(&queries, &mut |i, step, total| {
+            done[i] = step.chunk.index + 1;
             if let Some(bar) = &bar {
                 bar.set_length(total as u64);
-                bar.set_position(step.chunk.index + 1);
+                bar.set_position(done.iter().copied().min().unwrap_or(0));
             }
         })?;
         if let Some(bar) = bar {
@@ -185,21 +227,25 @@ fn deep_query(global: &GlobalArgs, args: &QueryArgs, store: &Store) -> Result<()
         }
         Ok(result)
     })?;
-    tracing::info!(
-        "question chain {}: read {} new chunks, memory v{}",
-        deep.chain,
-        deep.steps,
-        deep.version
-    );
-    if args.json {
-        return print_json(&memagent_watcher::deep_json(
-            &args.stream,
-            &args.question,
-            &deep,
-        ));
+    for (question, deep) in args.questions.iter().zip(&deep) {
+        tracing::info!(
+            "question chain {} ({question}): read {} new chunks, memory v{}",
+            deep.chain,
+            deep.steps,
+            deep.version
+        );
     }
-    writeln!(std::io::stdout().lock(), "{}", deep.answer.answer)?;
-    Ok(())
+    if args.json {
+        let answers = args
+            .questions
+            .iter()
+            .zip(&deep)
+            .map(|(q, d)| memagent_watcher::deep_json(&args.stream, q, d))
+            .collect();
+        return print_query_json(&args.stream, answers);
+    }
+    let texts: Vec<String> = deep.iter().map(|d| d.answer.answer.clone()).collect();
+    print_answers(&args.questions, &texts)
 }
 
 fn version_json(v: &MemoryVersion) -> serde_json::Value {

@@ -55,6 +55,29 @@ fn an_appended_fact_is_answered_through_the_socket() {
             daemon.log_text()
         );
     }
+    // Two deep questions at once: each keeps its own chain, read side by side.
+    let questions = ["Who is the harbour master?", "What are these notes for?"];
+    let deep = daemon.memctl(&[
+        "query",
+        "notes",
+        questions[0],
+        questions[1],
+        "--deep",
+        "--json",
+    ]);
+    assert!(deep.status.success(), "{}", stderr(&deep));
+    let deep: serde_json::Value = serde_json::from_slice(&deep.stdout).unwrap();
+    let answers = deep["answers"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{deep}"));
+    assert_eq!(answers.len(), 2, "{deep}");
+    for (answer, question) in answers.iter().zip(questions) {
+        assert_eq!(answer["question"], question, "{deep}");
+        assert_eq!(answer["chunks_read"], 2, "both chunks read: {deep}");
+        assert_eq!(answer["version"], 2, "{deep}");
+    }
+    assert_ne!(answers[0]["chain"], answers[1]["chain"], "{deep}");
+
     let history = daemon.memctl(&["memory", "history", "notes", "--json"]);
     assert!(history.status.success(), "{}", stderr(&history));
     let versions: serde_json::Value = serde_json::from_slice(&history.stdout).unwrap();
@@ -100,6 +123,13 @@ fn an_appended_fact_is_answered_through_the_socket() {
     // Without a daemon the same commands open the database directly.
     let show = daemon.memctl(&["memory", "show", "notes"]);
     assert!(show.status.success(), "{}", stderr(&show));
+    // The first question's chain alone: nothing new to read, the same answer.
+    let alone = daemon.memctl(&["query", "notes", questions[0], "--deep", "--json"]);
+    assert!(alone.status.success(), "{}", stderr(&alone));
+    let alone: serde_json::Value = serde_json::from_slice(&alone.stdout).unwrap();
+    assert_eq!(alone["chunks_read"], 0, "{alone}");
+    assert_eq!(alone["chain"], answers[0]["chain"], "{alone}");
+    assert_eq!(alone["answer"], answers[0]["answer"], "{alone}");
     let status = daemon.memctl(&["daemon", "status"]);
     assert_eq!(status.status.code(), Some(1));
     assert!(

@@ -304,3 +304,99 @@ fn deep_query_reads_only_chunks_that_arrived_since_it_last_ran() {
         now
     );
 }
+
+#[test]
+fn several_questions_are_answered_together_as_each_alone() {
+    let file_text = "Ines runs the harbour office on Pier Street. The ferry leaves at dawn. \
+                     Rope is stored in shed four. "
+        .repeat(3);
+    let questions = [
+        "Where is the harbour office?",
+        "When does the ferry leave?",
+        "Where is the rope stored?",
+    ];
+    let loop_args = [
+        "--chunk-tokens",
+        "40",
+        "--memory-tokens",
+        "32",
+        "--answer-tokens",
+        "24",
+    ];
+    let setup = |name: &str| {
+        let dir = data_dir(name);
+        let file = dir.join("notes.txt");
+        std::fs::write(&file, &file_text).unwrap();
+        let mut ingest = vec!["ingest", "notes", file.to_str().unwrap()];
+        ingest.extend(&loop_args[..4]);
+        assert!(run(&dir, &ingest).status.success());
+        dir
+    };
+    let query = |dir: &std::path::Path, questions: &[&str], deep: bool| {
+        let mut args = vec!["query", "notes"];
+        args.extend(questions);
+        args.push("--json");
+        if deep {
+            args.push("--deep");
+        }
+        args.extend(&loop_args);
+        json(&run(dir, &args))
+    };
+    let together = setup("questions-together");
+    let alone = setup("questions-alone");
+
+    // From the general memory: one batch of answers, each as asked alone.
+    let batch = query(&together, &questions, false);
+    assert_eq!(batch["stream"], "notes");
+    let answers = batch["answers"].as_array().unwrap();
+    assert_eq!(answers.len(), 3, "{batch}");
+    for (answer, question) in answers.iter().zip(questions) {
+        let one = query(&alone, &[question], false);
+        assert_eq!(answer["question"], question);
+        assert_eq!(answer["answer"], one["answer"], "{question}");
+        assert_eq!(answer["version"], one["version"]);
+    }
+
+    // Deep: the chains read side by side end where each chain alone ends. The second
+    // question is asked twice and read once.
+    let mut asked = questions.to_vec();
+    asked.push(questions[1]);
+    let batch = query(&together, &asked, true);
+    let answers = batch["answers"].as_array().unwrap();
+    assert_eq!(answers.len(), 4, "{batch}");
+    assert_eq!(
+        answers[1], answers[3],
+        "a repeated question gets the same answer"
+    );
+    let history = json(&run(&together, &["memory", "history", "notes", "--json"]));
+    let chunks = history.as_array().unwrap().len() as u64;
+    for (answer, question) in answers.iter().zip(questions) {
+        let one = query(&alone, &[question], true);
+        assert_eq!(answer["question"], question);
+        assert_eq!(answer["chunks_read"], chunks, "{answer}");
+        assert_eq!(one["chunks_read"], chunks, "{one}");
+        assert_eq!(
+            answer["chain"], one["chain"],
+            "chains are numbered as asked"
+        );
+        assert_eq!(answer["answer"], one["answer"], "{question}");
+    }
+    let (a, b) = (
+        memagent_store::Store::open(&together).unwrap(),
+        memagent_store::Store::open(&alone).unwrap(),
+    );
+    let (sa, sb) = (a.require("notes").unwrap(), b.require("notes").unwrap());
+    for chain in 1..=3 {
+        let texts = |store: &memagent_store::Store, stream: &memagent_store::StreamRecord| {
+            store
+                .versions(stream, chain)
+                .unwrap()
+                .into_iter()
+                .map(|v| v.text)
+                .collect::<Vec<String>>()
+        };
+        let (ta, tb) = (texts(&a, &sa), texts(&b, &sb));
+        assert_eq!(ta.len() as u64, chunks);
+        assert_eq!(ta, tb, "chain {chain}: every memory version as alone");
+    }
+}

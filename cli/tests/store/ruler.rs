@@ -179,3 +179,85 @@ fn a_stream_run_resumes_at_its_chunk_after_sigkill() {
         stderr(&no_stream)
     );
 }
+
+#[test]
+fn samples_read_side_by_side_score_as_one_at_a_time() {
+    let common = [
+        "bench",
+        "ruler",
+        "--tasks",
+        "niah_single",
+        "--lengths",
+        "256",
+        "--samples",
+        "2",
+        "--chunk-tokens",
+        "96",
+        "--memory-tokens",
+        "32",
+        "--answer-tokens",
+        "32",
+    ];
+    // The same samples through the store (memory and general modes) and without it
+    // (memory mode), two at a time and one at a time.
+    let results = |name: &str, stream: bool, batch: &str| -> Vec<serde_json::Value> {
+        let dir = data_dir(name);
+        let out = dir.join("results");
+        let mut args = common.to_vec();
+        args.extend(["--batch", batch, "--out", out.to_str().unwrap()]);
+        match stream {
+            true => args.extend(["--modes", "memory,general", "--stream", "bench"]),
+            false => args.extend(["--modes", "memory"]),
+        }
+        let o = run(&dir, &args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let mut records: Vec<serde_json::Value> =
+            std::fs::read_to_string(out.join("results.jsonl"))
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+        records.sort_by_key(|r| (r["mode"].to_string(), r["seed"].as_u64()));
+        if stream {
+            let store = Store::open(&dir).unwrap();
+            for r in &mut records {
+                let stream = store.require(r["stream"].as_str().unwrap()).unwrap();
+                let mut chains = vec![GENERAL];
+                chains.extend(store.questions(&stream).unwrap().iter().map(|q| q.chain));
+                let texts: Vec<Vec<String>> = chains
+                    .iter()
+                    .map(|&c| {
+                        let versions = store.versions(&stream, c).unwrap();
+                        versions.into_iter().map(|v| v.text).collect()
+                    })
+                    .collect();
+                r["memories"] = serde_json::json!(texts);
+            }
+        }
+        records
+    };
+    let same = |a: &[serde_json::Value], b: &[serde_json::Value], what: &str| {
+        assert_eq!(a.len(), b.len(), "{what}");
+        for (x, y) in a.iter().zip(b) {
+            for key in ["mode", "seed", "steps", "answer", "score", "memories"] {
+                assert_eq!(x[key], y[key], "{what}: {key} of {x} vs {y}");
+            }
+        }
+    };
+    let (batched, alone) = (
+        results("ruler-batch2", false, "2"),
+        results("ruler-batch1", false, "1"),
+    );
+    assert_eq!(batched.len(), 2);
+    assert!(batched.iter().all(|r| r["steps"].as_u64() > Some(1)));
+    same(&batched, &alone, "memory mode without the store");
+    let (batched, alone) = (
+        results("ruler-stream-batch2", true, "2"),
+        results("ruler-stream-batch1", true, "1"),
+    );
+    assert_eq!(batched.len(), 4);
+    assert!(batched
+        .iter()
+        .all(|r| r["memories"][0].as_array().unwrap().len() > 1));
+    same(&batched, &alone, "through the store");
+}

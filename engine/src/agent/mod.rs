@@ -322,18 +322,8 @@ impl<'a> MemoryAgent<'a> {
         memory: &str,
         chunk: &Chunk,
     ) -> Result<StepReport> {
-        let start = Instant::now();
-        let message = template.fill(question, memory, &chunk.text);
-        let reply = self
-            .backend
-            .complete(&message, &self.options(self.profile.memory_tokens))?;
-        self.finish_update(
-            template,
-            memory,
-            chunk,
-            reply,
-            start.elapsed().as_secs_f64(),
-        )
+        let mut reports = self.update_many(template, &[(question, memory, chunk)])?;
+        Ok(reports.pop().expect("one report per step"))
     }
 
     /// Update steps of several independent memories (other streams, other questions)
@@ -411,20 +401,46 @@ impl<'a> MemoryAgent<'a> {
         self.answer_with(template, &template.fill(question, memory, ""))
     }
 
+    /// Final steps of several memories at once, `(question, memory)` each, with
+    /// `template` (the MemAgent final template when `None`). The local model decodes them
+    /// as one batch; each gets the answer it would get alone.
+    pub fn answer_many(
+        &self,
+        template: Option<Template>,
+        items: &[(&str, &str)],
+    ) -> Result<Vec<AnswerReport>> {
+        let template = template.unwrap_or_else(|| self.final_form.final_template());
+        let mut messages = Vec::with_capacity(items.len());
+        for (question, memory) in items {
+            check_question(question)?;
+            messages.push(template.fill(question, memory, ""));
+        }
+        self.answer_batch(template, &messages)
+    }
+
     fn answer_with(&self, template: Template, message: &str) -> Result<AnswerReport> {
-        let reply = self
+        let mut reports =
+            self.answer_batch(template, std::slice::from_ref(&message.to_string()))?;
+        Ok(reports.pop().expect("one answer per message"))
+    }
+
+    fn answer_batch(&self, template: Template, messages: &[String]) -> Result<Vec<AnswerReport>> {
+        let replies = self
             .backend
-            .complete(message, &self.options(self.profile.answer_tokens))?;
-        Ok(AnswerReport {
-            answer: extract_answer(&reply.text),
-            reply: reply.text,
-            template,
-            prompt_tokens: reply.prompt_tokens,
-            completion_tokens: reply.completion_tokens,
-            stop_reason: reply.stop_reason,
-            seconds: reply.seconds,
-            timings: reply.timings,
-        })
+            .complete_batch(messages, &self.options(self.profile.answer_tokens))?;
+        Ok(replies
+            .into_iter()
+            .map(|reply| AnswerReport {
+                answer: extract_answer(&reply.text),
+                reply: reply.text,
+                template,
+                prompt_tokens: reply.prompt_tokens,
+                completion_tokens: reply.completion_tokens,
+                stop_reason: reply.stop_reason,
+                seconds: reply.seconds,
+                timings: reply.timings,
+            })
+            .collect())
     }
 
     /// The whole workflow over `document`; `on_progress` sees each step as it finishes.
@@ -434,51 +450,103 @@ impl<'a> MemoryAgent<'a> {
         question: &str,
         on_progress: &mut dyn FnMut(Progress<'_>),
     ) -> Result<AgentRun> {
+        let mut runs = self.run_many(&[(document, question)], &mut |_, p| on_progress(p))?;
+        Ok(runs.pop().expect("one run per document"))
+    }
+
+    /// The whole workflow over several `(document, question)` pairs at once: step `i` of
+    /// every pair that has an `i`-th chunk is decoded in one batch, then the answers are.
+    /// Each run is what it would be alone; `on_progress` sees the pair's index with each
+    /// event, and every run's `seconds` is the whole batch's.
+    pub fn run_many(
+        &self,
+        jobs: &[(&str, &str)],
+        on_progress: &mut dyn FnMut(usize, Progress<'_>),
+    ) -> Result<Vec<AgentRun>> {
         let start = Instant::now();
-        check_question(question)?;
-        self.budget(question)?;
-        let chunks = chunk_text(self.tokenizer, document, self.profile.chunk_tokens)?;
-        if chunks.is_empty() {
-            return Err(Error::InvalidRequest(
-                "the document is empty: there is nothing to read".to_string(),
-            ));
-        }
-        let input_tokens = chunks.iter().map(|c| c.tokens).sum();
-        on_progress(Progress::Started {
-            chunks: chunks.len(),
-            input_tokens,
-        });
-        let mut memory = NO_MEMORY.to_string();
-        let mut steps = Vec::with_capacity(chunks.len());
-        for (i, chunk) in chunks.iter().enumerate() {
-            let mut step = self.update(question, &memory, chunk)?;
-            step.index = i + 1;
-            tracing::debug!(
-                step = step.index,
-                memory_tokens = step.memory_tokens,
-                cut = step.cut,
-                "memory updated in {:.2}s",
-                step.seconds
+        let mut documents = Vec::with_capacity(jobs.len());
+        for (i, (document, question)) in jobs.iter().enumerate() {
+            check_question(question)?;
+            self.budget(question)?;
+            let chunks = chunk_text(self.tokenizer, document, self.profile.chunk_tokens)?;
+            if chunks.is_empty() {
+                return Err(Error::InvalidRequest(
+                    "the document is empty: there is nothing to read".to_string(),
+                ));
+            }
+            let input_tokens = chunks.iter().map(|c| c.tokens).sum();
+            on_progress(
+                i,
+                Progress::Started {
+                    chunks: chunks.len(),
+                    input_tokens,
+                },
             );
-            on_progress(Progress::Step {
-                step: &step,
-                chunks: chunks.len(),
-            });
-            memory.clone_from(&step.memory);
-            steps.push(step);
+            documents.push((chunks, input_tokens));
         }
-        on_progress(Progress::Answering);
-        let final_answer = self.answer(question, &memory)?;
-        Ok(AgentRun {
-            question: question.to_string(),
-            model: self.backend.model_name(),
-            profile: self.profile,
-            update_template: UPDATE,
-            input_tokens,
-            steps,
-            final_answer,
-            seconds: start.elapsed().as_secs_f64(),
-        })
+        let mut memories = vec![NO_MEMORY.to_string(); jobs.len()];
+        let mut steps: Vec<Vec<StepReport>> = documents
+            .iter()
+            .map(|(chunks, _)| Vec::with_capacity(chunks.len()))
+            .collect();
+        let rounds = documents.iter().map(|(c, _)| c.len()).max().unwrap_or(0);
+        for round in 0..rounds {
+            let active: Vec<usize> = (0..jobs.len())
+                .filter(|&i| round < documents[i].0.len())
+                .collect();
+            let inputs: Vec<(&str, &str, &Chunk)> = active
+                .iter()
+                .map(|&i| (jobs[i].1, memories[i].as_str(), &documents[i].0[round]))
+                .collect();
+            let reports = self.update_many(UPDATE, &inputs)?;
+            for (&i, mut step) in active.iter().zip(reports) {
+                step.index = round + 1;
+                tracing::debug!(
+                    step = step.index,
+                    memory_tokens = step.memory_tokens,
+                    cut = step.cut,
+                    "memory updated in {:.2}s",
+                    step.seconds
+                );
+                let chunks = documents[i].0.len();
+                on_progress(
+                    i,
+                    Progress::Step {
+                        step: &step,
+                        chunks,
+                    },
+                );
+                memories[i].clone_from(&step.memory);
+                steps[i].push(step);
+            }
+        }
+        for i in 0..jobs.len() {
+            on_progress(i, Progress::Answering);
+        }
+        let items: Vec<(&str, &str)> = jobs
+            .iter()
+            .zip(&memories)
+            .map(|((_, question), memory)| (*question, memory.as_str()))
+            .collect();
+        let answers = self.answer_many(None, &items)?;
+        let seconds = start.elapsed().as_secs_f64();
+        Ok(jobs
+            .iter()
+            .zip(documents)
+            .zip(steps.into_iter().zip(answers))
+            .map(
+                |(((_, question), (_, input_tokens)), (steps, final_answer))| AgentRun {
+                    question: question.to_string(),
+                    model: self.backend.model_name(),
+                    profile: self.profile,
+                    update_template: UPDATE,
+                    input_tokens,
+                    steps,
+                    final_answer,
+                    seconds,
+                },
+            )
+            .collect())
     }
 
     /// The baseline: the whole document in one prompt, when it fits the context.

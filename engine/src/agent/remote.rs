@@ -461,6 +461,28 @@ impl Backend for OpenAiBackend {
         Ok(None)
     }
 
+    /// Sends the messages at once, one request each: a server that batches (vLLM,
+    /// SGLang, llama.cpp with several slots) decodes them together.
+    fn complete_batch(
+        &self,
+        user_messages: &[String],
+        options: &GenerateOptions,
+    ) -> Result<Vec<Completion>> {
+        if user_messages.len() == 1 {
+            return Ok(vec![self.complete(&user_messages[0], options)?]);
+        }
+        std::thread::scope(|scope| {
+            let requests: Vec<_> = user_messages
+                .iter()
+                .map(|message| scope.spawn(move || self.complete(message, options)))
+                .collect();
+            requests
+                .into_iter()
+                .map(|request| request.join().expect("a request thread panicked"))
+                .collect()
+        })
+    }
+
     fn complete(&self, user_message: &str, options: &GenerateOptions) -> Result<Completion> {
         let start = Instant::now();
         // Streamed when the reply may have to be cut at a loop: reading stops there.

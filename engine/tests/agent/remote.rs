@@ -543,3 +543,73 @@ fn a_finished_stream_keeps_usage_timings_and_the_finish_reason() {
     assert_eq!(timings.decode_seconds, 0.25);
     assert_eq!(written.load(std::sync::atomic::Ordering::SeqCst), 7);
 }
+
+#[test]
+fn a_batch_of_steps_is_sent_at_once_and_each_reply_lands_on_its_step() {
+    // Each request is answered on its own thread once all three are in flight, so a
+    // client that sent them one by one would see "alone" replies after a 10 s wait.
+    let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").expect("bind loopback"));
+    let port = server.server_addr().to_ip().expect("an IP address").port();
+    let in_flight = Arc::new((Mutex::new(0usize), std::sync::Condvar::new()));
+    let thread = {
+        let server = Arc::clone(&server);
+        std::thread::spawn(move || {
+            for mut request in server.incoming_requests() {
+                let in_flight = Arc::clone(&in_flight);
+                std::thread::spawn(move || {
+                    let mut text = String::new();
+                    request.as_reader().read_to_string(&mut text).unwrap();
+                    let body: Value = serde_json::from_str(&text).unwrap();
+                    let content = body["messages"][0]["content"].as_str().unwrap_or("");
+                    let section = content.split("<section>\n").nth(1).unwrap_or("");
+                    let word = section.split_whitespace().next().unwrap_or("").to_string();
+                    let (count, all_in) = &*in_flight;
+                    let mut n = count.lock().unwrap();
+                    *n += 1;
+                    all_in.notify_all();
+                    let (_n, wait) = all_in
+                        .wait_timeout_while(n, Duration::from_secs(10), |n| *n < 3)
+                        .unwrap();
+                    let how = if wait.timed_out() {
+                        "alone"
+                    } else {
+                        "together"
+                    };
+                    let header =
+                        tiny_http::Header::from_bytes("Content-Type", "application/json").unwrap();
+                    let reply = chat_reply(&format!("{how} read {word}"));
+                    let _ = request
+                        .respond(tiny_http::Response::from_string(reply).with_header(header));
+                });
+            }
+        })
+    };
+    let mut options = RemoteOptions::new(format!("http://127.0.0.1:{port}/v1"), "served");
+    options.timeout = Duration::from_secs(30);
+    let backend = OpenAiBackend::new(options).unwrap();
+    let tokenizer = tokenizer();
+    let agent = MemoryAgent::new(&backend, &tokenizer, Profile::SMALL);
+    let chunks: Vec<memagent_engine::agent::Chunk> = ["alpha", "beta", "gamma"]
+        .iter()
+        .map(|w| memagent_engine::agent::Chunk {
+            text: format!("{w} is the word of this section."),
+            tokens: 8,
+        })
+        .collect();
+    let steps: Vec<(&str, &str, &memagent_engine::agent::Chunk)> = chunks
+        .iter()
+        .map(|c| ("Which words appear?", NO_MEMORY, c))
+        .collect();
+    let reports = agent.update_many(UPDATE, &steps).unwrap();
+    let memories: Vec<&str> = reports.iter().map(|r| r.memory.as_str()).collect();
+    assert_eq!(
+        memories,
+        [
+            "together read alpha",
+            "together read beta",
+            "together read gamma"
+        ]
+    );
+    server.unblock();
+    thread.join().unwrap();
+}
