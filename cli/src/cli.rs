@@ -822,6 +822,13 @@ pub struct BenchDaemonArgs {
     /// The daemon's idle interval for the one-line appends (its default is 30)
     #[arg(long, default_value_t = 30.0)]
     pub idle_seconds: f64,
+    /// Watched files kept busy (several chunks each to read) while chunk-sized appends to
+    /// one more file are timed; 0 skips the lag under load
+    #[arg(long, default_value_t = 16)]
+    pub busy_streams: usize,
+    /// Chunk-sized appends timed while the busy streams read
+    #[arg(long, default_value_t = 3)]
+    pub busy_appends: usize,
     /// Folder of .txt files for the content [default: the shared essays, else noise]
     #[arg(long, value_name = "DIR")]
     pub haystack: Option<PathBuf>,

@@ -664,6 +664,9 @@ pub fn daemon(global: &GlobalArgs, args: &BenchDaemonArgs) -> Result<()> {
         "chunk-sized append",
     )?;
     let line_lags = timed(args.line_appends, 12, "one-line append")?;
+    drop(daemon);
+    let busy = busy_lag(global, args, chunk_tokens, &piece, &say)?;
+    let busy_lags: Vec<f64> = busy.iter().map(|b| b.0).collect();
     let p50 = |v: &[f64]| percentile(v, 0.5);
     let report = serde_json::json!({
         "model_chunk_tokens": chunk_tokens,
@@ -674,6 +677,10 @@ pub fn daemon(global: &GlobalArgs, args: &BenchDaemonArgs) -> Result<()> {
             "line_append_p50_seconds": p50(&line_lags),
             "line_appends": line_lags,
             "idle_seconds": args.idle_seconds,
+            "busy_streams": args.busy_streams,
+            "busy_chunk_append_p50_seconds": (!busy.is_empty()).then(|| p50(&busy_lags)),
+            "busy_chunk_appends": busy_lags,
+            "busy_streams_pending": busy.iter().map(|b| b.1).collect::<Vec<_>>(),
         },
     });
     if args.json {
@@ -707,7 +714,84 @@ pub fn daemon(global: &GlobalArgs, args: &BenchDaemonArgs) -> Result<()> {
         line_lags.len(),
         args.idle_seconds
     )?;
+    if !busy.is_empty() {
+        writeln!(
+            out,
+            "lag while {} other streams read (C={chunk_tokens}): chunk-sized appends p50 {:.2}s \
+             (n={}; busy streams still reading at each update: {:?})",
+            args.busy_streams,
+            p50(&busy_lags),
+            busy_lags.len(),
+            busy.iter().map(|b| b.1).collect::<Vec<_>>()
+        )?;
+    }
     Ok(())
+}
+
+/// Lag under load: `--busy-streams` files of several chunks each are written at once,
+/// then chunk-sized appends to one more file are timed from the write to the memory
+/// version that read them. Each lag comes with how many busy streams still had text
+/// pending when it ended (all of them: the load held for the whole wait).
+fn busy_lag(
+    global: &GlobalArgs,
+    args: &BenchDaemonArgs,
+    chunk_tokens: usize,
+    piece: &dyn Fn(usize, usize) -> String,
+    say: &dyn Fn(String),
+) -> Result<Vec<(f64, usize)>> {
+    if args.busy_streams == 0 || args.busy_appends == 0 {
+        return Ok(Vec::new());
+    }
+    let daemon = BenchDaemon::start(global, "busy", 2.0)?;
+    let probe = "probe.txt";
+    // Enough for every busy stream to stay busy through the timed appends: each append
+    // waits for up to one round over all streams, and each round reads a chunk of each.
+    let per_stream = chunk_tokens * (2 * args.busy_appends + 4);
+    let mut sizes = Vec::new();
+    for i in 0..args.busy_streams {
+        let name = format!("busy-{i:02}.txt");
+        let text = piece(i, per_stream);
+        std::fs::write(daemon.folder.join(&name), &text)?;
+        sizes.push((name, text.len() as u64));
+    }
+    daemon.until("the daemon to see every busy file", |rows| {
+        sizes.iter().all(|(name, bytes)| {
+            rows.iter()
+                .any(|r| r["stream"] == name.as_str() && r["log_bytes"].as_u64() == Some(*bytes))
+        })
+    })?;
+    let file = daemon.folder.join(probe);
+    let mut lags = Vec::new();
+    for i in 0..args.busy_appends {
+        daemon.until("the probe stream to catch up", |rows| {
+            rows.iter()
+                .all(|r| r["stream"] != probe || r["pending_bytes"] == 0)
+        })?;
+        let before = version_of(&daemon.streams()?, probe);
+        let text = piece(2000 + i, chunk_tokens * 5 / 4);
+        let written = Instant::now();
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&file)?
+            .write_all(text.as_bytes())?;
+        let mut pending = 0;
+        let done = daemon.until("a chunk-sized append under load", |rows| {
+            pending = rows
+                .iter()
+                .filter(|r| r["stream"] != probe && r["pending_bytes"].as_u64() > Some(0))
+                .count();
+            version_of(rows, probe) > before
+        })?;
+        let lag = done.duration_since(written).as_secs_f64();
+        say(format!(
+            "chunk-sized append under load {}: {lag:.2}s ({pending} of {} busy streams still reading)",
+            i + 1,
+            args.busy_streams
+        ));
+        lags.push((lag, pending));
+    }
+    Ok(lags)
 }
 
 /// The `p` quantile (0 to 1) of `values`, nearest rank; 0 when there are none.
