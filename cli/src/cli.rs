@@ -139,6 +139,28 @@ pub enum Command {
         memctl train data --count 3 --split validation"
     )]
     Train(TrainArgs),
+    /// Serve memory to assistants over the Model Context Protocol (stdio)
+    ///
+    /// Tools: `remember` (append text or chat turns to a stream and read them into its
+    /// memory), `recall` (answer a question from a stream's memory; `deep` reads the
+    /// stored chunks again), `memory` (a stream's memory text, at a version if given),
+    /// `history` (its versions) and `streams`. Each stream's latest memory is also a
+    /// resource, memagent://streams/NAME/memory. While a daemon holds the data directory,
+    /// every call goes through it (the daemon reads remembered text on its own schedule);
+    /// otherwise each call opens the database for its own length and the model is loaded
+    /// on first need. The server exits when its standard input closes.
+    #[command(
+        after_help = "Register with a desktop assistant (mcpServers in its JSON \
+        configuration):\n  \"memagent\": {\"command\": \"memctl\", \"args\": [\"mcp\"]}\n\n\
+        Try it by hand with the MCP Inspector:\n  npx @modelcontextprotocol/inspector memctl mcp"
+    )]
+    Mcp(McpArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct McpArgs {
+    #[command(flatten)]
+    pub run: LoopArgs,
 }
 
 #[derive(Debug, Args)]

@@ -45,6 +45,13 @@ pub fn parse(bytes: &[u8], first_line: u64) -> Parsed {
 /// One message as a turn: `[time] role (name): content`.
 fn render(line: &[u8]) -> Result<String, String> {
     let value: Value = serde_json::from_slice(line).map_err(|e| format!("not JSON ({e})"))?;
+    render_message(&value)
+}
+
+/// One OpenAI-style message (`{"role", "content", "name"?, "timestamp"?}`) as the turn a
+/// chat log's line becomes: `[time] role (name): content`, without the newline; or why it
+/// is not a message.
+pub fn render_message(value: &Value) -> Result<String, String> {
     let Value::Object(message) = value else {
         return Err("not a JSON object; expected {\"role\": …, \"content\": …}".into());
     };
@@ -108,7 +115,7 @@ fn time_text(value: &Value) -> Option<String> {
 }
 
 /// `YYYY-MM-DD HH:MM UTC` of Unix seconds (the proleptic Gregorian calendar).
-fn utc(secs: i64) -> String {
+pub fn utc(secs: i64) -> String {
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);
     // Howard Hinnant's days-to-civil.

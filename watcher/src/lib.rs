@@ -51,7 +51,7 @@ use memagent_store::Store;
 use notify::{RecursiveMode, Watcher};
 
 pub use api::{answer_json, deep_json, stream_rows, DaemonInfo};
-pub use chat::{parse as parse_chat, Parsed};
+pub use chat::{parse as parse_chat, render_message, utc, Parsed};
 pub use config::{
     socket_path, validate_watches, DaemonOptions, TcpOptions, WatchConfig, WatchFormat,
 };

@@ -75,20 +75,7 @@ impl Db {
                 return Ok(serde_json::from_value(client.get(&path)?)?);
             }
         };
-        let record = store.require(stream)?;
-        let found = match at {
-            Some(v) => store.version(&record, GENERAL, v)?,
-            None => store.latest(&record, GENERAL)?,
-        };
-        match (found, at) {
-            (Some(v), _) => Ok(v),
-            (None, Some(v)) => bail!(
-                "stream `{stream}` has no memory version {v}; `memctl memory history {stream}` lists them"
-            ),
-            (None, None) => bail!(
-                "stream `{stream}` has no memory yet; run `memctl ingest {stream}` to read its content"
-            ),
-        }
+        version_at(store, stream, at)
     }
 
     pub fn versions(&self, stream: &str) -> Result<Vec<MemoryVersion>> {
@@ -111,5 +98,24 @@ impl Db {
                 &json!({ "stream": stream, "version": version }),
             )?)?),
         }
+    }
+}
+
+/// A memory version of a stream in `store` (the latest without `at`), or an error that
+/// says what to do.
+pub fn version_at(store: &Store, stream: &str, at: Option<u64>) -> Result<MemoryVersion> {
+    let record = store.require(stream)?;
+    let found = match at {
+        Some(v) => store.version(&record, GENERAL, v)?,
+        None => store.latest(&record, GENERAL)?,
+    };
+    match (found, at) {
+        (Some(v), _) => Ok(v),
+        (None, Some(v)) => bail!(
+            "stream `{stream}` has no memory version {v}; `memctl memory history {stream}` lists them"
+        ),
+        (None, None) => bail!(
+            "stream `{stream}` has no memory yet; run `memctl ingest {stream}` to read its content"
+        ),
     }
 }

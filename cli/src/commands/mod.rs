@@ -7,6 +7,7 @@ mod daemon;
 mod db;
 mod generate;
 mod loop_bench;
+mod mcp;
 mod model;
 mod ruler;
 mod streams;
@@ -56,6 +57,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(BenchCommand::Ruler(args)) => ruler::run(&cli.global, &args),
         Command::Bench(BenchCommand::Loop(args)) => loop_bench::run(&cli.global, &args),
         Command::Train(args) => train::run(&cli.global, &args),
+        Command::Mcp(args) => mcp::run(&cli.global, &args),
     }
 }
 
@@ -90,6 +92,8 @@ fn load_model(global: &GlobalArgs) -> Result<LocalModel> {
 pub struct ModelBackend {
     inner: Inner,
     profile: settings::ProfileConfig,
+    /// The model's name and file sha256, once hashed.
+    identity: std::sync::OnceLock<(String, String)>,
 }
 
 // One value per process: the size difference between variants does not matter.
@@ -113,6 +117,7 @@ impl ModelBackend {
         Ok(Self {
             inner,
             profile: config.profile,
+            identity: std::sync::OnceLock::new(),
         })
     }
 
@@ -178,13 +183,17 @@ impl ModelBackend {
 
     /// The model's name and file sha256 (empty for a remote model), for memory records.
     pub fn identity(&self) -> Result<(String, String)> {
-        match &self.inner {
-            Inner::Local(model) => Ok((
+        if let Some(known) = self.identity.get() {
+            return Ok(known.clone());
+        }
+        let identity = match &self.inner {
+            Inner::Local(model) => (
                 model.name().to_string(),
                 memagent_engine::sha256_file(model.path())?,
-            )),
-            Inner::Remote { backend, .. } => Ok((backend.options().model.clone(), String::new())),
-        }
+            ),
+            Inner::Remote { backend, .. } => (backend.options().model.clone(), String::new()),
+        };
+        Ok(self.identity.get_or_init(|| identity).clone())
     }
 
     /// The model's default profile with the command line's overrides.

@@ -4,13 +4,13 @@ use std::io::{IsTerminal, Read, Write};
 
 use anyhow::{bail, Context, Result};
 use memagent_store::{
-    general_answers, Author, ExportRecord, Ingestor, MemoryVersion, Store, GENERAL,
+    general_answers, Author, ExportRecord, Ingestor, MemoryVersion, StepOutcome, Store, GENERAL,
 };
 use serde_json::json;
 
-use super::db::Db;
+use super::db::{version_at, Db};
 use super::{print_json, ModelBackend};
-use crate::cli::{GlobalArgs, IngestArgs, MemoryCommand, QueryArgs, StreamsCommand};
+use crate::cli::{GlobalArgs, IngestArgs, LoopArgs, MemoryCommand, QueryArgs, StreamsCommand};
 
 fn open_store(global: &GlobalArgs, what: &str) -> Result<Store> {
     Db::open(global)?.local(what)
@@ -64,38 +64,28 @@ pub fn ingest(global: &GlobalArgs, args: &IngestArgs) -> Result<()> {
         appended.log_len
     );
     let mut steps = Vec::new();
-    let pending = {
-        let stream = store.require(&args.stream)?;
-        stream.log_len - store.cursor(&stream, GENERAL)?.offset
-    };
+    let stream = store.require(&args.stream)?;
+    let start = store.cursor(&stream, GENERAL)?.offset;
     // Nothing pending: no need to load the model.
-    if !args.no_process && pending > 0 {
+    if !args.no_process && stream.log_len > start {
         let backend = ModelBackend::open(global, &args.run.backend)?;
-        let (model, sha) = backend.identity()?;
-        backend.with_agent(&args.run, |agent| {
-            let ingestor = Ingestor::new(&store, agent, model, sha);
-            let stream = store.require(&args.stream)?;
-            let start = store.cursor(&stream, GENERAL)?.offset;
-            let bar = super::progress_bar(
-                !global.quiet && !args.json && std::io::stderr().is_terminal(),
-                "{spinner} [{bar:30}] {bytes}/{total_bytes} {msg} · ETA {eta}",
-            );
+        let bar = super::progress_bar(
+            !global.quiet && !args.json && std::io::stderr().is_terminal(),
+            "{spinner} [{bar:30}] {bytes}/{total_bytes} {msg} · ETA {eta}",
+        );
+        if let Some(bar) = &bar {
+            bar.set_length(stream.log_len - start);
+        }
+        steps = read_pending(&store, &backend, &args.run, &args.stream, |step| {
             if let Some(bar) = &bar {
-                bar.set_length(stream.log_len - start);
+                bar.set_position(step.chunk.end - start);
+                bar.set_message(format!("memory v{}", step.version.version));
             }
-            while let Some(step) = ingestor.step(&args.stream)? {
-                if let Some(bar) = &bar {
-                    bar.set_position(step.chunk.end - start);
-                    bar.set_message(format!("memory v{}", step.version.version));
-                }
-                tracing::info!("{step}");
-                steps.push(step);
-            }
-            if let Some(bar) = bar {
-                bar.finish_and_clear();
-            }
-            Ok(())
+            tracing::info!("{step}");
         })?;
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
     }
     let stream = store.require(&args.stream)?;
     let cursor = store.cursor(&stream, GENERAL)?;
@@ -126,52 +116,163 @@ pub fn ingest(global: &GlobalArgs, args: &IngestArgs) -> Result<()> {
     Ok(())
 }
 
+/// Reads every pending chunk of `stream` into its general memory, each step committed
+/// on its own; `on_step` sees each as it is committed.
+pub fn read_pending(
+    store: &Store,
+    backend: &ModelBackend,
+    run: &LoopArgs,
+    stream: &str,
+    mut on_step: impl FnMut(&StepOutcome),
+) -> Result<Vec<StepOutcome>> {
+    let (model, sha) = backend.identity()?;
+    backend.with_agent(run, |agent| {
+        let ingestor = Ingestor::new(store, agent, model, sha);
+        let mut steps = Vec::new();
+        while let Some(step) = ingestor.step(stream)? {
+            on_step(&step);
+            steps.push(step);
+        }
+        Ok(steps)
+    })
+}
+
 pub fn query(global: &GlobalArgs, args: &QueryArgs) -> Result<()> {
-    let several = args.questions.len() > 1;
-    let db = Db::open(global)?;
-    if let Db::Daemon(client) = &db {
-        let mut body = json!({"stream": args.stream, "at": args.at, "deep": args.deep});
-        match several {
-            true => body["questions"] = json!(args.questions),
-            false => body["question"] = json!(args.questions[0]),
+    let answers = match Db::open(global)? {
+        Db::Daemon(client) => {
+            daemon_answers(&client, &args.stream, &args.questions, args.at, args.deep)?
         }
-        let reply = client.post("/v1/query", &body)?;
-        if args.json {
-            return print_json(&reply);
+        Db::Local(store) => {
+            // A missing stream or version is told before the model loads.
+            match args.deep {
+                true => drop(store.require(&args.stream)?),
+                false => drop(version_at(&store, &args.stream, args.at)?),
+            }
+            let backend = ModelBackend::open(global, &args.run.backend)?;
+            let bar = super::progress_bar(
+                args.deep && !global.quiet && !args.json && std::io::stderr().is_terminal(),
+                "{spinner} chunk {pos}/{len} [{bar:30}] ETA {eta}",
+            );
+            // Chains read side by side: the bar follows the one furthest behind.
+            let mut done = vec![u64::MAX; args.questions.len()];
+            let answers = local_answers(
+                &store,
+                &backend,
+                &args.run,
+                &AnswerRequest {
+                    stream: &args.stream,
+                    questions: &args.questions,
+                    at: args.at,
+                    deep: args.deep,
+                },
+                &mut |i, step, total| {
+                    done[i] = step.chunk.index + 1;
+                    if let Some(bar) = &bar {
+                        bar.set_length(total as u64);
+                        bar.set_position(done.iter().copied().min().unwrap_or(0));
+                    }
+                },
+            )?;
+            if let Some(bar) = bar {
+                bar.finish_and_clear();
+            }
+            answers
         }
-        let answers = match several {
-            true => reply["answers"].as_array().cloned().unwrap_or_default(),
-            false => vec![reply],
-        };
-        let key = if args.deep { "extracted" } else { "answer" };
-        let texts: Vec<String> = answers
-            .iter()
-            .map(|a| a[key].as_str().unwrap_or_default().to_string())
-            .collect();
-        return print_answers(&args.questions, &texts);
-    }
-    let memory = db.version_at(&args.stream, args.at)?;
-    let Db::Local(store) = db else {
-        unreachable!("the daemon case returned above")
     };
-    if args.deep {
-        return deep_query(global, args, &store);
-    }
-    let backend = ModelBackend::open(global, &args.run.backend)?;
-    let questions: Vec<&str> = args.questions.iter().map(String::as_str).collect();
-    let reports = backend.with_agent(&args.run, |agent| {
-        Ok(general_answers(agent, &memory, &questions)?)
-    })?;
     if args.json {
-        let answers: Vec<serde_json::Value> = questions
-            .iter()
-            .zip(&reports)
-            .map(|(q, r)| memagent_watcher::answer_json(&args.stream, memory.version, q, r))
-            .collect();
         return print_query_json(&args.stream, answers);
     }
-    let texts: Vec<String> = reports.iter().map(|r| r.reply.clone()).collect();
+    let texts: Vec<String> = answers.iter().map(|a| answer_text(a).to_string()).collect();
     print_answers(&args.questions, &texts)
+}
+
+/// What to answer from a stream.
+pub struct AnswerRequest<'a> {
+    pub stream: &'a str,
+    pub questions: &'a [String],
+    /// A memory version instead of the latest (not with `deep`).
+    pub at: Option<u64>,
+    /// Read the stored chunks again with each question.
+    pub deep: bool,
+}
+
+/// The daemon's answers, one JSON object per question (as `/v1/query` gives them).
+pub fn daemon_answers(
+    client: &super::client::DaemonClient,
+    stream: &str,
+    questions: &[String],
+    at: Option<u64>,
+    deep: bool,
+) -> Result<Vec<serde_json::Value>> {
+    let mut body = json!({"stream": stream, "at": at, "deep": deep});
+    if let [question] = questions {
+        body["question"] = json!(question);
+        return Ok(vec![client.post("/v1/query", &body)?]);
+    }
+    body["questions"] = json!(questions);
+    let reply = client.post("/v1/query", &body)?;
+    Ok(reply["answers"].as_array().cloned().unwrap_or_default())
+}
+
+/// Answers from the store with `backend`'s model, one JSON object per question as the
+/// daemon's API gives them: from the general memory, or with `deep` by reading the stored
+/// chunks again per question (the chains side by side; `on_deep_step` sees each step:
+/// question index, step, chunks in all).
+pub fn local_answers(
+    store: &Store,
+    backend: &ModelBackend,
+    run: &LoopArgs,
+    request: &AnswerRequest<'_>,
+    on_deep_step: &mut dyn FnMut(usize, &StepOutcome, usize),
+) -> Result<Vec<serde_json::Value>> {
+    let stream = request.stream;
+    if !request.deep {
+        let memory = version_at(store, stream, request.at)?;
+        let questions: Vec<&str> = request.questions.iter().map(String::as_str).collect();
+        let reports = backend.with_agent(run, |agent| {
+            Ok(general_answers(agent, &memory, &questions)?)
+        })?;
+        return Ok(questions
+            .iter()
+            .zip(&reports)
+            .map(|(q, r)| memagent_watcher::answer_json(stream, memory.version, q, r))
+            .collect());
+    }
+    store.require(stream)?;
+    let (model, sha) = backend.identity()?;
+    let deep = backend.with_agent(run, |agent| {
+        let ingestor = Ingestor::new(store, agent, model, sha);
+        let queries: Vec<(&str, &str)> = request
+            .questions
+            .iter()
+            .map(|q| (stream, q.as_str()))
+            .collect();
+        Ok(ingestor.deep_many(&queries, on_deep_step)?)
+    })?;
+    Ok(request
+        .questions
+        .iter()
+        .zip(&deep)
+        .map(|(question, d)| {
+            tracing::info!(
+                "question chain {} ({question}): read {} new chunks, memory v{}",
+                d.chain,
+                d.steps,
+                d.version
+            );
+            memagent_watcher::deep_json(stream, question, d)
+        })
+        .collect())
+}
+
+/// The answer of one of `local_answers`' or the daemon's objects: the extracted answer
+/// of a deep query (the MemAgent protocol's boxed form), else the reply.
+pub fn answer_text(answer: &serde_json::Value) -> &str {
+    let key = match answer["deep"].as_bool() {
+        Some(true) => "extracted",
+        _ => "answer",
+    };
+    answer[key].as_str().unwrap_or_default()
 }
 
 /// One question's answer alone; several, each under its question.
@@ -196,56 +297,6 @@ fn print_query_json(stream: &str, mut answers: Vec<serde_json::Value>) -> Result
         return print_json(&answers.remove(0));
     }
     print_json(&json!({"stream": stream, "answers": answers}))
-}
-
-fn deep_query(global: &GlobalArgs, args: &QueryArgs, store: &Store) -> Result<()> {
-    store.require(&args.stream)?;
-    let backend = ModelBackend::open(global, &args.run.backend)?;
-    let (model, sha) = backend.identity()?;
-    let deep = backend.with_agent(&args.run, |agent| {
-        let ingestor = Ingestor::new(store, agent, model, sha);
-        let bar = super::progress_bar(
-            !global.quiet && !args.json && std::io::stderr().is_terminal(),
-            "{spinner} chunk {pos}/{len} [{bar:30}] ETA {eta}",
-        );
-        let queries: Vec<(&str, &str)> = args
-            .questions
-            .iter()
-            .map(|q| (args.stream.as_str(), q.as_str()))
-            .collect();
-        // Chains read side by side: the bar follows the one furthest behind.
-        let mut done = vec![u64::MAX; queries.len()];
-        let result = ingestor.deep_many(&queries, &mut |i, step, total| {
-            done[i] = step.chunk.index + 1;
-            if let Some(bar) = &bar {
-                bar.set_length(total as u64);
-                bar.set_position(done.iter().copied().min().unwrap_or(0));
-            }
-        })?;
-        if let Some(bar) = bar {
-            bar.finish_and_clear();
-        }
-        Ok(result)
-    })?;
-    for (question, deep) in args.questions.iter().zip(&deep) {
-        tracing::info!(
-            "question chain {} ({question}): read {} new chunks, memory v{}",
-            deep.chain,
-            deep.steps,
-            deep.version
-        );
-    }
-    if args.json {
-        let answers = args
-            .questions
-            .iter()
-            .zip(&deep)
-            .map(|(q, d)| memagent_watcher::deep_json(&args.stream, q, d))
-            .collect();
-        return print_query_json(&args.stream, answers);
-    }
-    let texts: Vec<String> = deep.iter().map(|d| d.answer.answer.clone()).collect();
-    print_answers(&args.questions, &texts)
 }
 
 fn version_json(v: &MemoryVersion) -> serde_json::Value {

@@ -6,6 +6,9 @@ mod batch;
 mod changes;
 mod chat;
 mod crash;
+mod mcp;
+#[path = "../support/mcp_client.rs"]
+mod mcp_client;
 mod query;
 
 use std::fs::File;

@@ -4,6 +4,9 @@
 mod commands;
 mod crash;
 mod general;
+mod mcp;
+#[path = "../support/mcp_client.rs"]
+mod mcp_client;
 mod ruler;
 
 use std::path::PathBuf;
