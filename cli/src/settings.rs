@@ -33,6 +33,22 @@ pub struct ConfigFile {
     /// What the daemon watches (`[[watch]]` tables).
     #[serde(default)]
     pub watch: Vec<WatchConfig>,
+    /// The OpenAI-compatible proxy the daemon serves (`[proxy]`); off without it.
+    pub proxy: Option<ProxyConfig>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// The proxy's TCP address (`PORT` alone binds 127.0.0.1).
+    pub listen: String,
+    /// The bearer token (the API key of its clients); $MEMAGENT_PROXY_TOKEN wins.
+    pub token: Option<String>,
+    /// The OpenAI-compatible server to forward to (its base URL, e.g.
+    /// http://localhost:8000/v1); without one the daemon's model answers.
+    pub upstream: Option<String>,
+    /// The environment variable holding the upstream's API key, if it needs one.
+    pub upstream_api_key_env: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -108,6 +124,17 @@ impl ConfigFile {
         ] {
             if value == Some(0) {
                 bail!("{key}: must be at least 1");
+            }
+        }
+        if let Some(proxy) = &self.proxy {
+            listen_addr(&proxy.listen).context("proxy.listen")?;
+            if let Some(upstream) = &proxy.upstream {
+                if !(upstream.starts_with("http://") || upstream.starts_with("https://")) {
+                    bail!(
+                        "proxy.upstream: `{upstream}` is not an http(s) URL; give the server's \
+                         base URL, e.g. http://localhost:8000/v1"
+                    );
+                }
             }
         }
         if let Some(listen) = &self.daemon.listen {

@@ -174,7 +174,8 @@ impl Store {
         decode_all("streams", self.streams.iter())
     }
 
-    fn check_name(name: &str) -> Result<()> {
+    /// Whether `name` can name a stream: 1 to 128 characters, none a control character.
+    pub fn check_name(name: &str) -> Result<()> {
         if name.is_empty() || name.chars().count() > 128 || name.chars().any(char::is_control) {
             return Err(Error::BadName(name.to_string()));
         }

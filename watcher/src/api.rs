@@ -94,26 +94,29 @@ pub(crate) fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// Whether `headers` carry `Authorization: Bearer <token>`.
+pub(crate) fn bearer_matches(headers: &axum::http::HeaderMap, token: &str) -> bool {
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    // Compared without an early exit, so that timing says nothing of the token.
+    given.is_some_and(|g| {
+        g.len() == token.len()
+            && g.bytes()
+                .zip(token.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    })
+}
+
 /// Requires `Authorization: Bearer <token>` (the TCP listener).
 pub(crate) async fn require_token(
     State(token): State<Arc<str>>,
     request: Request,
     next: Next,
 ) -> Response {
-    let given = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    // Compared without an early exit, so that timing says nothing of the token.
-    let ok = given.is_some_and(|g| {
-        g.len() == token.len()
-            && g.bytes()
-                .zip(token.bytes())
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                == 0
-    });
-    if !ok {
+    if !bearer_matches(request.headers(), &token) {
         return ApiError(
             StatusCode::UNAUTHORIZED,
             "missing or wrong bearer token".into(),

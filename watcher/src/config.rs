@@ -187,6 +187,20 @@ pub struct DaemonOptions {
     pub settle: Duration,
     /// An optional TCP listener (loopback unless configured otherwise) with its token.
     pub tcp: Option<TcpOptions>,
+    /// The OpenAI-compatible proxy that remembers, when configured.
+    pub proxy: Option<ProxyOptions>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ProxyOptions {
+    pub addr: std::net::SocketAddr,
+    /// Requests must carry `Authorization: Bearer <token>` (the OpenAI clients' API key).
+    pub token: String,
+    /// The OpenAI-compatible server requests go on to (its base URL, e.g.
+    /// `http://localhost:8000/v1`); without one the daemon's own model answers.
+    pub upstream: Option<String>,
+    /// The key sent to the upstream as its bearer token.
+    pub upstream_key: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -203,6 +217,7 @@ impl Default for DaemonOptions {
             idle: Duration::from_secs(30),
             rescan: Duration::from_secs(60),
             settle: Duration::from_millis(200),
+            proxy: None,
             tcp: None,
         }
     }

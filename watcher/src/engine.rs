@@ -5,7 +5,8 @@
 
 use std::sync::mpsc;
 
-use memagent_engine::agent::{AnswerReport, MemoryAgent};
+use memagent_engine::agent::{AnswerReport, Completion, MemoryAgent};
+use memagent_engine::Message;
 use memagent_store::{
     general_answers, DeepAnswer, Ingestor, MemoryVersion, StepOutcome, Store, GENERAL,
 };
@@ -53,6 +54,12 @@ pub enum Request {
         questions: Vec<String>,
         reply: Reply<Vec<DeepAnswer>>,
     },
+    /// A reply to a conversation (the proxy without an upstream).
+    Chat {
+        messages: Vec<Message>,
+        max_tokens: usize,
+        reply: Reply<Completion>,
+    },
 }
 
 /// The sending side, cloned by the scheduler and the API.
@@ -93,6 +100,19 @@ impl EngineHandle {
         self.ask(|reply| Request::Answer {
             memory: Box::new(memory),
             questions,
+            reply,
+        })
+        .await
+    }
+
+    pub async fn chat(
+        &self,
+        messages: Vec<Message>,
+        max_tokens: usize,
+    ) -> Result<Completion, String> {
+        self.ask(|reply| Request::Chat {
+            messages,
+            max_tokens,
             reply,
         })
         .await
@@ -150,6 +170,13 @@ pub fn serve(
                         .deep_many(&queries, &mut |_, _, _| {})
                         .map_err(|e| e.to_string()),
                 );
+            }
+            Request::Chat {
+                messages,
+                max_tokens,
+                reply,
+            } => {
+                let _ = reply.send(agent.chat(&messages, max_tokens).map_err(|e| e.to_string()));
             }
         }
     }

@@ -38,6 +38,7 @@ mod config;
 mod engine;
 mod error;
 mod files;
+mod proxy;
 mod scheduler;
 mod stats;
 
@@ -53,7 +54,8 @@ use notify::{RecursiveMode, Watcher};
 pub use api::{answer_json, deep_json, stream_rows, DaemonInfo};
 pub use chat::{parse as parse_chat, render_message, utc, Parsed};
 pub use config::{
-    socket_path, validate_watches, DaemonOptions, TcpOptions, WatchConfig, WatchFormat,
+    socket_path, validate_watches, DaemonOptions, ProxyOptions, TcpOptions, WatchConfig,
+    WatchFormat,
 };
 pub use engine::{serve as serve_engine, EngineHandle, Request, Step};
 pub use error::{Error, Result};
@@ -95,6 +97,15 @@ pub fn run(
     let (arrivals_tx, arrivals_rx) = tokio::sync::mpsc::unbounded_channel();
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
 
+    let proxy_state = options.proxy.as_ref().map(|proxy| {
+        proxy::ProxyState::new(
+            store.clone(),
+            engine.clone(),
+            arrivals_tx.clone(),
+            proxy,
+            &info.model,
+        )
+    });
     let state = api::AppState {
         store: store.clone(),
         engine: engine.clone(),
@@ -115,6 +126,18 @@ pub fn run(
                 Arc::<str>::from(tcp.token.as_str()),
             )),
             None => None,
+        };
+        let proxy = match (&options.proxy, proxy_state) {
+            (Some(proxy), Some(state)) => Some((
+                tokio::net::TcpListener::bind(proxy.addr)
+                    .await
+                    .map_err(|source| Error::Io {
+                        path: PathBuf::from(proxy.addr.to_string()),
+                        source,
+                    })?,
+                proxy::router(state, Arc::<str>::from(proxy.token.as_str())),
+            )),
+            _ => None,
         };
 
         // The file thread: events, settling, rescans.
@@ -172,6 +195,24 @@ pub fn run(
                     .await
             })
         });
+        let proxy_server = proxy.map(|(listener, app)| {
+            let mut stop = shutdown_rx.clone();
+            tracing::info!(
+                "OpenAI-compatible proxy on http://{}/v1 (bearer token required), {}",
+                listener.local_addr().map_or("?".into(), |a| a.to_string()),
+                match &options.proxy.as_ref().and_then(|p| p.upstream.clone()) {
+                    Some(upstream) => format!("forwarding to {upstream}"),
+                    None => "answering with the daemon's model".to_string(),
+                }
+            );
+            tokio::spawn(async move {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(async move {
+                        let _ = stop.changed().await;
+                    })
+                    .await
+            })
+        });
         tracing::info!("listening on {}", socket.display());
 
         wait_for_signal().await;
@@ -179,7 +220,7 @@ pub fn run(
         let _ = shutdown_tx.send(true);
         let _ = file_tx.send(Msg::Stop);
         let _ = unix_server.await;
-        if let Some(server) = tcp_server {
+        for server in [tcp_server, proxy_server].into_iter().flatten() {
             let _ = server.await;
         }
         // The step in flight, if any, is abandoned: its commit is atomic, so it is

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use memagent_store::Store;
-use memagent_watcher::{DaemonInfo, DaemonOptions, EngineHandle, TcpOptions};
+use memagent_watcher::{DaemonInfo, DaemonOptions, EngineHandle, ProxyOptions, TcpOptions};
 use serde_json::Value;
 
 use super::client::DaemonClient;
@@ -16,6 +16,9 @@ use crate::settings::{self, ConfigFile};
 
 /// Environment variable holding the TCP listener's bearer token.
 const TOKEN_ENV: &str = "MEMAGENT_API_TOKEN";
+
+/// Environment variable holding the proxy's bearer token.
+const PROXY_TOKEN_ENV: &str = "MEMAGENT_PROXY_TOKEN";
 
 pub fn run(global: &GlobalArgs, args: &DaemonRunArgs) -> Result<()> {
     let config = ConfigFile::current(global)?;
@@ -56,6 +59,39 @@ pub fn run(global: &GlobalArgs, args: &DaemonRunArgs) -> Result<()> {
                 tracing::warn!("the API listens on {addr}, beyond this machine");
             }
             Some(TcpOptions { addr, token })
+        }
+        None => None,
+    };
+    let proxy = match &config.proxy {
+        Some(proxy) => {
+            let addr = settings::listen_addr(&proxy.listen).context("proxy.listen")?;
+            let token = std::env::var(PROXY_TOKEN_ENV)
+                .ok()
+                .filter(|t| !t.is_empty())
+                .or_else(|| proxy.token.clone().filter(|t| !t.is_empty()))
+                .with_context(|| {
+                    format!(
+                        "the proxy needs a bearer token (its clients' API key): set \
+                         {PROXY_TOKEN_ENV} or `proxy.token` in the configuration file"
+                    )
+                })?;
+            let upstream_key = match &proxy.upstream_api_key_env {
+                Some(name) => Some(
+                    std::env::var(name)
+                        .ok()
+                        .filter(|k| !k.is_empty())
+                        .with_context(|| {
+                            format!("proxy.upstream_api_key_env: ${name} is not set")
+                        })?,
+                ),
+                None => None,
+            };
+            Some(ProxyOptions {
+                addr,
+                token,
+                upstream: proxy.upstream.clone(),
+                upstream_key,
+            })
         }
         None => None,
     };
@@ -116,6 +152,7 @@ pub fn run(global: &GlobalArgs, args: &DaemonRunArgs) -> Result<()> {
         idle,
         rescan,
         tcp,
+        proxy,
         ..DaemonOptions::default()
     };
     memagent_watcher::run(store, engine, info, options)?;

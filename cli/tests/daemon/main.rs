@@ -5,10 +5,11 @@ mod bad_input;
 mod batch;
 mod changes;
 mod chat;
+#[path = "../support/clients.rs"]
+mod clients;
 mod crash;
 mod mcp;
-#[path = "../support/mcp_client.rs"]
-mod mcp_client;
+mod proxy;
 mod query;
 
 use std::fs::File;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::mcp_client::{mcp_session, ok_call};
+use crate::clients::{mcp_session, ok_call};
 use crate::{stderr, test_root, Daemon};
 
 #[test]

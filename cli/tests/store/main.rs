@@ -1,12 +1,12 @@
 //! Persistent streams with real `memctl` processes, a real sled database on disk and the
 //! real default model.
 
+#[path = "../support/clients.rs"]
+mod clients;
 mod commands;
 mod crash;
 mod general;
 mod mcp;
-#[path = "../support/mcp_client.rs"]
-mod mcp_client;
 mod ruler;
 
 use std::path::PathBuf;

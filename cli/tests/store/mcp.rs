@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 use memagent_store::{Store, GENERAL};
 use serde_json::{json, Value};
 
-use crate::mcp_client::ok_call;
+use crate::clients::ok_call;
 use crate::{data_dir, memctl};
 
 fn mcp_session(dir: &Path, ops: &[Value]) -> Vec<Value> {
-    crate::mcp_client::mcp_session(&memctl(dir, &["mcp"]), ops)
+    crate::clients::mcp_session(&memctl(dir, &["mcp"]), ops)
 }
 
 #[test]

@@ -60,6 +60,17 @@ pub trait Backend {
             .map(|message| self.complete(message, options))
             .collect()
     }
+
+    /// One assistant reply to a whole conversation (system, user and assistant
+    /// messages). A backend without a conversation call of its own gets it as one user
+    /// message, a `role: content` line per message.
+    fn chat(&self, messages: &[Message], options: &GenerateOptions) -> Result<Completion> {
+        let text: Vec<String> = messages
+            .iter()
+            .map(|m| format!("{}: {}", m.role, m.content))
+            .collect();
+        self.complete(&text.join("\n"), options)
+    }
 }
 
 /// Token ids of plain text and back, for cutting documents into chunks.
@@ -95,6 +106,12 @@ impl Backend for LocalModel {
     fn complete(&self, user_message: &str, options: &GenerateOptions) -> Result<Completion> {
         let start = Instant::now();
         let reply = self.generate_chat(&[Message::user(user_message)], options)?;
+        Ok(local_completion(reply, start.elapsed().as_secs_f64()))
+    }
+
+    fn chat(&self, messages: &[Message], options: &GenerateOptions) -> Result<Completion> {
+        let start = Instant::now();
+        let reply = self.generate_chat(messages, options)?;
         Ok(local_completion(reply, start.elapsed().as_secs_f64()))
     }
 

@@ -248,6 +248,12 @@ impl<'a> MemoryAgent<'a> {
         }
     }
 
+    /// The model's reply to a conversation, up to `max_tokens` tokens, with the loop's
+    /// sampling and repetition stops (memagent's proxy answers so without an upstream).
+    pub fn chat(&self, messages: &[crate::chat::Message], max_tokens: usize) -> Result<Completion> {
+        self.backend.chat(messages, &self.options(max_tokens))
+    }
+
     /// Checks that every step of a run fits the model's context; the error suggests the
     /// largest chunk size that would.
     pub fn budget(&self, question: &str) -> Result<Budget> {
