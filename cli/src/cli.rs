@@ -705,6 +705,11 @@ pub enum BenchCommand {
         profile's largest step and -t the threads this machine has, and stopped after."
     )]
     Loop(BenchLoopArgs),
+    /// The OpenAI-compatible proxy in a real daemon, in front of a loopback echo
+    /// upstream: each request's time direct and through the proxy (p50/p99 and the
+    /// difference), and the lag from a turn through the proxy to the memory version that
+    /// holds it
+    Proxy(BenchProxyArgs),
 }
 
 #[derive(Debug, Args)]
@@ -825,6 +830,22 @@ pub struct BenchRulerArgs {
     pub batch: u16,
     #[command(flatten)]
     pub run: LoopArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchProxyArgs {
+    /// Requests timed each way (direct and through the proxy), after 10 of warm-up
+    #[arg(long, default_value_t = 200)]
+    pub requests: usize,
+    /// Turns whose memory lag is timed
+    #[arg(long, default_value_t = 3)]
+    pub turns: usize,
+    /// The daemon's idle interval: a turn shorter than a chunk is read this long after it
+    #[arg(long, default_value_t = 1.0)]
+    pub idle_seconds: f64,
+    /// Print results as JSON
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

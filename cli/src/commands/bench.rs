@@ -10,7 +10,9 @@ use memagent_engine::bench::{
 use memagent_tasks::{single_needle, Haystack, NeedleSample};
 use serde::Serialize;
 
-use crate::cli::{BenchDaemonArgs, BenchEngineArgs, BenchNeedleArgs, BenchStoreArgs, GlobalArgs};
+use crate::cli::{
+    BenchDaemonArgs, BenchEngineArgs, BenchNeedleArgs, BenchProxyArgs, BenchStoreArgs, GlobalArgs,
+};
 
 /// Sentences cycled to make benchmark prompts of any length (content does not affect speed).
 const FILLER: &str = "The grass is green. The sky is blue. The sun is yellow. Here we go. \
@@ -469,6 +471,11 @@ struct BenchDaemon {
 
 impl BenchDaemon {
     fn start(global: &GlobalArgs, name: &str, idle: f64) -> Result<Self> {
+        Self::start_with(global, name, idle, "")
+    }
+
+    /// Started with `extra` appended to its configuration file.
+    fn start_with(global: &GlobalArgs, name: &str, idle: f64, extra: &str) -> Result<Self> {
         let root = std::env::temp_dir().join(format!(
             "memagent-bench-daemon-{name}-{}",
             std::process::id()
@@ -479,7 +486,7 @@ impl BenchDaemon {
         let config = root.join("config.toml");
         std::fs::write(
             &config,
-            format!("[[watch]]\npath = \"{}\"\n", folder.display()),
+            format!("[[watch]]\npath = \"{}\"\n{extra}", folder.display()),
         )?;
         let data = root.join("data");
         let log = std::fs::File::create(root.join("daemon.log"))?;
@@ -792,6 +799,151 @@ fn busy_lag(
         lags.push((lag, pending));
     }
     Ok(lags)
+}
+
+/// A loopback OpenAI-compatible server that answers every chat request at once, echoing
+/// its last message: its base URL, served while the runtime lives.
+fn echo_upstream() -> Result<(String, tokio::runtime::Runtime)> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+    let url = format!("http://{}/v1", listener.local_addr()?);
+    let echo = |axum::Json(body): axum::Json<serde_json::Value>| async move {
+        let last = body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .map_or(String::new(), |m| {
+                m["content"].as_str().unwrap_or("").to_string()
+            });
+        axum::Json(serde_json::json!({
+            "id": "echo", "object": "chat.completion", "created": 0, "model": "echo",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                "message": {"role": "assistant", "content": last}}],
+        }))
+    };
+    let app = axum::Router::new().route("/v1/chat/completions", axum::routing::post(echo));
+    runtime.spawn(async move { axum::serve(listener, app).await });
+    Ok((url, runtime))
+}
+
+pub fn proxy(global: &GlobalArgs, args: &BenchProxyArgs) -> Result<()> {
+    const TOKEN: &str = "memagent-bench-proxy";
+    let (upstream, _upstream_runtime) = echo_upstream()?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let daemon = BenchDaemon::start_with(
+        global,
+        "proxy",
+        args.idle_seconds,
+        &format!(
+            "[proxy]\nlisten = \"127.0.0.1:{port}\"\ntoken = \"{TOKEN}\"\nupstream = \"{upstream}\"\n"
+        ),
+    )?;
+    let proxy = format!("http://127.0.0.1:{port}/v1");
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    // One chat request; its seconds.
+    let call = |base: &str, turn: usize| -> Result<f64> {
+        let body = serde_json::json!({
+            "model": "echo", "user": "bench",
+            "messages": [{"role": "user", "content": format!("Note {turn}: the meeting moved to room {turn}.")}],
+        });
+        let start = Instant::now();
+        let mut reply = agent
+            .post(&format!("{base}/chat/completions"))
+            .header("Authorization", format!("Bearer {TOKEN}"))
+            .send_json(&body)
+            .with_context(|| format!("{base} did not answer"))?;
+        let status = reply.status();
+        let text = reply.body_mut().read_to_string()?;
+        if !status.is_success() {
+            bail!("{base} answered {status}: {text}");
+        }
+        Ok(start.elapsed().as_secs_f64())
+    };
+    let deadline = Instant::now() + std::time::Duration::from_secs(120);
+    while call(&proxy, 0).is_err() {
+        if Instant::now() > deadline {
+            bail!(
+                "the proxy did not answer; see the daemon's log in {}",
+                daemon.root.display()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // Direct and proxied requests interleaved, after a warm-up.
+    let (mut direct, mut proxied) = (Vec::new(), Vec::new());
+    for turn in 0..args.requests + 10 {
+        let (d, p) = (call(&upstream, turn)?, call(&proxy, turn)?);
+        if turn >= 10 {
+            direct.push(d * 1000.0);
+            proxied.push(p * 1000.0);
+        }
+    }
+    if !global.quiet {
+        eprintln!(
+            "{} requests each; waiting for the daemon to read the turns…",
+            args.requests
+        );
+    }
+    // The lag from a turn through the proxy to the memory version that holds it.
+    let caught_up = |rows: &[serde_json::Value]| {
+        rows.iter()
+            .any(|r| r["stream"] == "bench" && r["pending_bytes"].as_u64() == Some(0))
+    };
+    daemon.until("the turns to be read", caught_up)?;
+    let mut lags = Vec::new();
+    for turn in 0..args.turns {
+        let before = version_of(&daemon.streams()?, "bench");
+        let sent = Instant::now();
+        call(&proxy, 100_000 + turn)?;
+        let done = daemon.until("the turn's memory step", |rows| {
+            version_of(rows, "bench") > before
+        })?;
+        lags.push(done.duration_since(sent).as_secs_f64());
+        daemon.until("the turn to be read", caught_up)?;
+    }
+    let result = serde_json::json!({
+        "requests": args.requests,
+        "direct_ms": {"p50": percentile(&direct, 0.5), "p99": percentile(&direct, 0.99)},
+        "proxied_ms": {"p50": percentile(&proxied, 0.5), "p99": percentile(&proxied, 0.99)},
+        "overhead_ms": {
+            "p50": percentile(&proxied, 0.5) - percentile(&direct, 0.5),
+            "p99": percentile(&proxied, 0.99) - percentile(&direct, 0.99),
+        },
+        "idle_seconds": args.idle_seconds,
+        "turn_lag_seconds": lags,
+        "turn_lag_p50_seconds": percentile(&lags, 0.5),
+    });
+    if args.json {
+        return super::print_json(&result);
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "{} requests to a loopback echo upstream: direct p50 {:.2} ms, p99 {:.2} ms; through \
+         the proxy p50 {:.2} ms, p99 {:.2} ms (overhead p50 {:.2} ms, p99 {:.2} ms)",
+        args.requests,
+        percentile(&direct, 0.5),
+        percentile(&direct, 0.99),
+        percentile(&proxied, 0.5),
+        percentile(&proxied, 0.99),
+        result["overhead_ms"]["p50"].as_f64().unwrap_or(0.0),
+        result["overhead_ms"]["p99"].as_f64().unwrap_or(0.0),
+    )?;
+    writeln!(
+        out,
+        "memory step lag after a turn through the proxy (idle {} s): p50 {:.2} s over {} turns",
+        args.idle_seconds,
+        percentile(&lags, 0.5),
+        lags.len()
+    )?;
+    Ok(())
 }
 
 /// The `p` quantile (0 to 1) of `values`, nearest rank; 0 when there are none.

@@ -56,6 +56,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(BenchCommand::Daemon(args)) => bench::daemon(&cli.global, &args),
         Command::Bench(BenchCommand::Ruler(args)) => ruler::run(&cli.global, &args),
         Command::Bench(BenchCommand::Loop(args)) => loop_bench::run(&cli.global, &args),
+        Command::Bench(BenchCommand::Proxy(args)) => bench::proxy(&cli.global, &args),
         Command::Train(args) => train::run(&cli.global, &args),
         Command::Mcp(args) => mcp::run(&cli.global, &args),
     }
