@@ -139,6 +139,13 @@ pub enum Command {
         memctl train data --count 3 --split validation"
     )]
     Train(TrainArgs),
+    /// The answers to a stream's standing questions (`ask` in its watch), one per memory
+    /// version, oldest first
+    Answers {
+        stream: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Serve memory to assistants over the Model Context Protocol (stdio)
     ///
     /// Tools: `remember` (append text or chat turns to a stream and read them into its
@@ -447,6 +454,10 @@ pub enum WatchCommand {
         /// Do not descend into subfolders
         #[arg(long)]
         no_recursive: bool,
+        /// A standing question (repeatable): answered from each new memory version of the
+        /// watch's streams and stored with it (`memctl answers STREAM` lists them)
+        #[arg(long, value_name = "QUESTION")]
+        ask: Vec<String>,
     },
     /// The watched files and folders
     List {

@@ -41,7 +41,7 @@ pub use ingest::{
 };
 pub use records::{
     Author, ChunkRecord, Cursor, FileRecord, MemoryVersion, QuestionRecord, SourceRecord,
-    StreamRecord, GENERAL,
+    StandingAnswer, StreamRecord, GENERAL,
 };
 pub use transfer::{ExportRecord, EXPORT_FORMAT};
 
@@ -69,6 +69,7 @@ pub struct Store {
     cursors: Tree,
     questions: Tree,
     files: Tree,
+    answers: Tree,
 }
 
 fn now() -> u64 {
@@ -98,6 +99,7 @@ impl Store {
             cursors: db.open_tree("cursors")?,
             questions: db.open_tree("questions")?,
             files: db.open_tree("files")?,
+            answers: db.open_tree("answers")?,
             path: dir.to_path_buf(),
             _lock: lock,
             db,
@@ -210,6 +212,8 @@ impl Store {
             &self.chunks,
             &self.versions,
             &self.cursors,
+            &self.questions,
+            &self.answers,
         ] {
             for key in tree.scan_prefix(prefix).keys() {
                 tree.remove(key?)?;
@@ -506,6 +510,21 @@ impl Store {
         self.questions.insert(key, encode(&record))?;
         self.db.flush()?;
         Ok(record)
+    }
+
+    /// Stores the answer to a standing question from one memory version (again for the
+    /// same question and version replaces it).
+    pub fn add_answer(&self, stream: &StreamRecord, answer: &StandingAnswer) -> Result<()> {
+        let chain = self.question_chain(stream, &answer.question)?.chain;
+        let key = key3(stream.id, answer.version, chain);
+        self.answers.insert(key, encode(answer))?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// A stream's standing answers, by memory version, then by question.
+    pub fn answers(&self, stream: &StreamRecord) -> Result<Vec<StandingAnswer>> {
+        decode_all("answers", self.answers.scan_prefix(key1(stream.id)))
     }
 
     /// The questions of a stream with their chains.

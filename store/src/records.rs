@@ -90,6 +90,19 @@ pub struct QuestionRecord {
     pub question: String,
 }
 
+/// The answer to a standing question (`ask` in a watch) from one memory version.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StandingAnswer {
+    pub question: String,
+    /// The memory version it was answered from.
+    pub version: u64,
+    /// The model's reply.
+    pub answer: String,
+    /// Unix seconds.
+    pub created: u64,
+    pub seconds: f64,
+}
+
 /// A file the daemon watches: how far it was read and how to recognise it again.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FileRecord {

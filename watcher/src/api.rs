@@ -10,6 +10,7 @@
 //! | `POST /v1/append` `{stream, text, source?, force?}` | commit 1; the daemon reads it in |
 //! | `GET /v1/memory?stream=S[&at=V]` | a memory version |
 //! | `GET /v1/history?stream=S` | every memory version |
+//! | `GET /v1/answers?stream=S` | the standing questions' answers, by version |
 //! | `POST /v1/memory` `{stream, version}` | adds a version written by a person |
 //! | `POST /v1/query` `{stream, question, at?, deep?}` | an answer from the memory |
 //! | `POST /v1/query` `{stream, questions: [..], at?, deep?}` | `{stream, answers: [..]}`, decoded as one batch |
@@ -90,6 +91,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/v1/append", post(append))
         .route("/v1/memory", get(memory).post(add_memory))
         .route("/v1/history", get(history))
+        .route("/v1/answers", get(answers))
         .route("/v1/query", post(query))
         .with_state(state)
 }
@@ -247,6 +249,12 @@ async fn history(State(state): State<AppState>, Query(p): Query<StreamParam>) ->
     let record = state.store.require(&p.stream)?;
     let versions = state.store.versions(&record, GENERAL)?;
     Ok(Json(serde_json::to_value(versions).unwrap_or_default()))
+}
+
+async fn answers(State(state): State<AppState>, Query(p): Query<StreamParam>) -> ApiResult {
+    let record = state.store.require(&p.stream)?;
+    let answers = state.store.answers(&record)?;
+    Ok(Json(serde_json::to_value(answers).unwrap_or_default()))
 }
 
 #[derive(Deserialize)]

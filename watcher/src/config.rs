@@ -57,6 +57,10 @@ pub struct WatchConfig {
     /// Descend into subfolders.
     #[serde(default = "yes")]
     pub recursive: bool,
+    /// Standing questions: answered from each new memory version of this watch's streams
+    /// and stored with the version.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ask: Vec<String>,
 }
 
 fn yes() -> bool {
@@ -89,6 +93,14 @@ pub fn validate_watches(watches: &[WatchConfig]) -> Result<()> {
                         format!("`{glob}` is not a glob: {e}"),
                     ));
                 }
+            }
+        }
+        for (j, question) in watch.ask.iter().enumerate() {
+            if question.trim().is_empty() {
+                return Err(bad(
+                    format!("watch[{i}].ask[{j}]"),
+                    "a standing question cannot be empty".to_string(),
+                ));
             }
         }
         if let Some(first) = watches[..i].iter().position(|w| w.path == watch.path) {

@@ -162,6 +162,12 @@ pub fn run(
             engine,
             stats,
             idle: options.idle,
+            standing: options
+                .watches
+                .iter()
+                .filter(|w| !w.ask.is_empty())
+                .cloned()
+                .collect(),
         };
         let scheduler = tokio::spawn(scheduler.run(arrivals_rx, shutdown_rx.clone()));
 

@@ -8,9 +8,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use memagent_store::{Store, GENERAL};
+use memagent_store::{MemoryVersion, StandingAnswer, Store, GENERAL};
 use tokio::sync::{mpsc, watch};
 
+use crate::config::WatchConfig;
 use crate::engine::{EngineHandle, Step, MAX_BATCH};
 use crate::files::Arrival;
 use crate::stats::Stats;
@@ -23,9 +24,70 @@ pub(crate) struct Scheduler {
     pub engine: EngineHandle,
     pub stats: Arc<Mutex<Stats>>,
     pub idle: Duration,
+    /// The watches with standing questions.
+    pub standing: Vec<WatchConfig>,
 }
 
 impl Scheduler {
+    /// The standing questions of `stream`: those of the watches it comes from.
+    fn standing_questions(&self, stream: &str) -> Vec<String> {
+        let mut questions = Vec::new();
+        for watch in &self.standing {
+            let ours = match &watch.stream {
+                Some(name) => name == stream,
+                None => self.store.files().is_ok_and(|files| {
+                    files.iter().any(|f| {
+                        f.stream == stream && std::path::Path::new(&f.path).starts_with(&watch.path)
+                    })
+                }),
+            };
+            if ours {
+                questions.extend(watch.ask.iter().cloned());
+            }
+        }
+        questions
+    }
+
+    /// Answers `stream`'s standing questions from its new memory and stores the answers
+    /// with the version.
+    async fn answer_standing(&self, stream: &str, memory: &MemoryVersion) {
+        let questions = self.standing_questions(stream);
+        if questions.is_empty() {
+            return;
+        }
+        let reports = match self.engine.answer(memory.clone(), questions.clone()).await {
+            Ok(reports) => reports,
+            Err(e) => {
+                tracing::error!("{stream}: standing questions not answered: {e}");
+                return;
+            }
+        };
+        let stored = self.store.require(stream).and_then(|record| {
+            let created = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            for (question, report) in questions.iter().zip(reports) {
+                let answer = StandingAnswer {
+                    question: question.clone(),
+                    version: memory.version,
+                    answer: report.reply,
+                    created,
+                    seconds: report.seconds,
+                };
+                self.store.add_answer(&record, &answer)?;
+            }
+            Ok(())
+        });
+        match stored {
+            Ok(()) => tracing::info!(
+                "{stream}: {} standing question(s) answered from memory v{}",
+                questions.len(),
+                memory.version
+            ),
+            Err(e) => tracing::error!("{stream}: standing answers not stored: {e}"),
+        }
+    }
+
     pub async fn run(
         self,
         mut arrivals: mpsc::UnboundedReceiver<Arrival>,
@@ -98,6 +160,7 @@ impl Scheduler {
                         Ok(Step::Done(step)) => {
                             tracing::info!("{stream}: {step}");
                             self.stats.lock().expect("stats").stepped(stream, &step);
+                            self.answer_standing(stream, &step.version).await;
                             last_served = Some(stream.clone());
                             served = true;
                         }

@@ -59,6 +59,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(BenchCommand::Proxy(args)) => bench::proxy(&cli.global, &args),
         Command::Train(args) => train::run(&cli.global, &args),
         Command::Mcp(args) => mcp::run(&cli.global, &args),
+        Command::Answers { stream, json } => streams::answers(&cli.global, &stream, json),
     }
 }
 

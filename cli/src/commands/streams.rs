@@ -522,3 +522,34 @@ pub fn import(
     )?;
     Ok(())
 }
+
+pub fn answers(global: &GlobalArgs, stream: &str, json: bool) -> Result<()> {
+    let answers: Vec<memagent_store::StandingAnswer> = match Db::open(global)? {
+        Db::Local(store) => store.answers(&store.require(stream)?)?,
+        Db::Daemon(client) => serde_json::from_value(client.get(&format!(
+            "/v1/answers?stream={}",
+            super::client::query_escape(stream)
+        ))?)?,
+    };
+    if json {
+        return print_json(&answers);
+    }
+    let mut out = std::io::stdout().lock();
+    if answers.is_empty() {
+        writeln!(
+            out,
+            "`{stream}` has no standing answers; add questions with `memctl watch add PATH --ask QUESTION`"
+        )?;
+    }
+    for a in &answers {
+        writeln!(
+            out,
+            "v{} {} · {}\n  {}",
+            a.version,
+            memagent_watcher::utc(a.created as i64),
+            a.question.trim(),
+            a.answer.trim().replace('\n', "\n  ")
+        )?;
+    }
+    Ok(())
+}

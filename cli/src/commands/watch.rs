@@ -50,6 +50,9 @@ pub fn run(global: &GlobalArgs, command: &WatchCommand) -> Result<()> {
                         format!(", exclude {:?}", w.exclude)
                     },
                 )?;
+                for question in &w.ask {
+                    writeln!(out, "   asks: {question}")?;
+                }
             }
             Ok(())
         }
@@ -60,6 +63,7 @@ pub fn run(global: &GlobalArgs, command: &WatchCommand) -> Result<()> {
             include,
             exclude,
             no_recursive,
+            ask,
         } => {
             let absolute = std::fs::canonicalize(target)
                 .with_context(|| format!("cannot watch {}", target.display()))?;
@@ -70,7 +74,7 @@ pub fn run(global: &GlobalArgs, command: &WatchCommand) -> Result<()> {
                 table.insert("stream", toml_edit::value(stream.as_str()));
             }
             table.insert("format", toml_edit::value(format.as_str()));
-            for (key, globs) in [("include", include), ("exclude", exclude)] {
+            for (key, globs) in [("include", include), ("exclude", exclude), ("ask", ask)] {
                 if !globs.is_empty() {
                     table.insert(key, toml_edit::value(globs.iter().collect::<Array>()));
                 }

@@ -1,6 +1,7 @@
 //! The daemon as a real process: a real directory, real notify events, the real default
 //! model, the socket API, and SIGKILL.
 
+mod answers;
 mod bad_input;
 mod batch;
 mod changes;
