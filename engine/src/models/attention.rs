@@ -4,15 +4,9 @@
 //! of one matmul instead of copying keys and values per head. Scaling, the causal mask
 //! and the softmax run as one fused pass over the scores, in place.
 
-use candle_core::{CpuStorage, CustomOp3, InplaceOp1, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, InplaceOp1, Layout, Tensor};
 
 use crate::error::Result;
-
-/// Fewer query rows than this take [`FewRows`]: one pass per row over the keys and values
-/// where they lie in the cache, instead of matmuls that pack the whole cache per call.
-/// The same bound as the projections' decode kernels, so that a row is computed the same
-/// way whether it is decoded or resumed from a cached prefix.
-pub(crate) const FEW_ROWS: usize = super::linear::DENSE_MIN_ROWS;
 
 /// Upper bound on score-matrix elements per block (16 MiB of f32).
 const MAX_SCORE_ELEMENTS: usize = 1 << 22;
@@ -34,11 +28,6 @@ pub(crate) fn causal_attention(
     let n_kv = k.dim(1)?;
     let group = n_head / n_kv;
     let scale = 1.0 / (d as f32).sqrt();
-    if t < FEW_ROWS && q.device().is_cpu() {
-        return Ok(q
-            .contiguous()?
-            .apply_op3_no_bwd(k, v, &FewRows { offset, scale })?);
-    }
     let total = offset + t;
     let block = (MAX_SCORE_ELEMENTS / (b * n_head * total).max(1))
         .clamp(MIN_BLOCK, MAX_BLOCK)
@@ -81,128 +70,6 @@ pub(crate) fn causal_attention(
         Tensor::cat(&outputs, 3)?
     };
     Ok(out.reshape((b, n_head, t, d))?)
-}
-
-/// Attention for a few query rows (decoding, drafts being verified): each row of each head
-/// scores the keys it may see, takes their softmax and sums the values, reading the cache
-/// in place. A row's result depends only on its own query and the cache, never on the
-/// other rows of the call.
-struct FewRows {
-    offset: usize,
-    scale: f32,
-}
-
-impl CustomOp3 for FewRows {
-    fn name(&self) -> &'static str {
-        "few-rows-attention"
-    }
-
-    fn cpu_fwd(
-        &self,
-        qs: &CpuStorage,
-        ql: &Layout,
-        ks: &CpuStorage,
-        kl: &Layout,
-        vs: &CpuStorage,
-        vl: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (CpuStorage::F32(q), CpuStorage::F32(k), CpuStorage::F32(v)) = (qs, ks, vs) else {
-            candle_core::bail!("few-rows-attention expects f32 tensors")
-        };
-        let (b, n_head, t, d) = ql.shape().dims4()?;
-        let (kb, n_kv, keys, kd) = kl.shape().dims4()?;
-        if kb != b || kd != d || vl.shape() != kl.shape() || n_kv == 0 || n_head % n_kv != 0 {
-            candle_core::bail!(
-                "few-rows-attention: q {:?} does not match k {:?} / v {:?}",
-                ql.dims(),
-                kl.dims(),
-                vl.dims()
-            )
-        }
-        let Some((q0, _)) = ql.contiguous_offsets() else {
-            candle_core::bail!("few-rows-attention expects a contiguous query")
-        };
-        // Keys and values may be views of a longer cache: positions d apart, heads strided.
-        let (kst, vst) = (kl.stride(), vl.stride());
-        if kst[3] != 1 || vst[3] != 1 || kst[2] != d || vst[2] != d {
-            candle_core::bail!("few-rows-attention expects cache rows of {d} contiguous values")
-        }
-        let group = n_head / n_kv;
-        let mut out = vec![0f32; b * n_head * t * d];
-        let out_ptr = out.as_mut_ptr() as usize;
-        let (k0, v0) = (kl.start_offset(), vl.start_offset());
-        // One unit per query row of each head: few rows, so each runs on its own.
-        candle_core::utils::barrier_pool().execute_chunked(b * n_head * t, |range| {
-            let mut scores = Vec::new();
-            for unit in range {
-                let (bh, row) = (unit / t, unit % t);
-                let (batch, head) = (bh / n_head, bh % n_head);
-                let kv = head / group;
-                let seen = (self.offset + row + 1).min(keys);
-                let query = &q[q0 + unit * d..q0 + (unit + 1) * d];
-                let kbase = k0 + batch * kst[0] + kv * kst[1];
-                let vbase = v0 + batch * vst[0] + kv * vst[1];
-                scores.resize(seen, 0.0);
-                scores_of(query, &k[kbase..kbase + seen * d], &mut scores);
-                softmax_in_place(&mut scores, self.scale);
-                // SAFETY: each unit owns its own d outputs of `out`, which outlives the call.
-                let dst = unsafe {
-                    std::slice::from_raw_parts_mut((out_ptr as *mut f32).add(unit * d), d)
-                };
-                weighted_sum(&scores, &v[vbase..vbase + seen * d], dst);
-            }
-        });
-        Ok((CpuStorage::F32(out), Shape::from((b, n_head, t, d))))
-    }
-}
-
-/// `scores[j] = query . keys[j]` for rows of `query.len()` values.
-fn scores_of(query: &[f32], keys: &[f32], scores: &mut [f32]) {
-    let d = query.len();
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
-    if d.is_multiple_of(LANES) {
-        let mut j = 0;
-        while j + 4 <= scores.len() {
-            // SAFETY: four whole key rows of d values from j on; d is a multiple of 8.
-            let s = unsafe { avx2::dots::<4>(query, keys.as_ptr().add(j * d)) };
-            scores[j..j + 4].copy_from_slice(&s);
-            j += 4;
-        }
-        for (jj, score) in scores.iter_mut().enumerate().skip(j) {
-            // SAFETY: as above, one row.
-            *score = unsafe { avx2::dots::<1>(query, keys.as_ptr().add(jj * d)) }[0];
-        }
-        return;
-    }
-    for (score, key) in scores.iter_mut().zip(keys.chunks_exact(d)) {
-        *score = query.iter().zip(key).map(|(a, b)| a * b).sum();
-    }
-}
-
-/// `dst += sum_j weights[j] * values[j]`, j in order, for rows of `dst.len()` values.
-fn weighted_sum(weights: &[f32], values: &[f32], dst: &mut [f32]) {
-    let d = dst.len();
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
-    if d.is_multiple_of(4 * LANES) {
-        for c in (0..d).step_by(4 * LANES) {
-            // SAFETY: columns c..c + 32 of every value row and of dst are in bounds.
-            unsafe { avx2::weighted_sum_32(weights, values.as_ptr().add(c), d, &mut dst[c..]) };
-        }
-        return;
-    }
-    for (&p, value) in weights.iter().zip(values.chunks_exact(d)) {
-        for (o, &x) in dst.iter_mut().zip(value) {
-            *o += p * x;
-        }
-    }
 }
 
 /// Softmax over the last dimension of scores laid out as rows of `len` queries (repeated
@@ -355,62 +222,6 @@ fn exp_shifted_in_place(x: &mut [f32], max: f32, scale: f32) {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    /// Dot products of `q` (a multiple of 8 values) with `N` consecutive rows of the same
-    /// length at `k`: `q` is read once per group of rows. Each product sums in the same
-    /// order whatever `N`.
-    ///
-    /// # Safety
-    /// `k` must point to `N * q.len()` readable f32.
-    #[inline(always)]
-    pub(super) unsafe fn dots<const N: usize>(q: &[f32], k: *const f32) -> [f32; N] {
-        // SAFETY: loads stay inside q and the caller's N rows.
-        unsafe {
-            let d = q.len();
-            let mut acc = [_mm256_setzero_ps(); N];
-            for c in (0..d).step_by(8) {
-                let qv = _mm256_loadu_ps(q.as_ptr().add(c));
-                for (r, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k.add(r * d + c)), *a);
-                }
-            }
-            acc.map(|a| {
-                let s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
-                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-                _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
-            })
-        }
-    }
-
-    /// Columns `0..32` of `dst += sum_j w[j] * v[j]`, rows of `v` `stride` apart, with
-    /// the 32 sums held in registers.
-    ///
-    /// # Safety
-    /// `v` must point to `w.len()` rows of at least 32 readable f32, `stride` apart.
-    #[inline(always)]
-    pub(super) unsafe fn weighted_sum_32(w: &[f32], v: *const f32, stride: usize, dst: &mut [f32]) {
-        // SAFETY: loads stay inside the caller's rows; dst holds at least 32 values.
-        unsafe {
-            assert!(dst.len() >= 32);
-            let o = dst.as_mut_ptr();
-            let mut acc = [
-                _mm256_loadu_ps(o),
-                _mm256_loadu_ps(o.add(8)),
-                _mm256_loadu_ps(o.add(16)),
-                _mm256_loadu_ps(o.add(24)),
-            ];
-            for (j, &p) in w.iter().enumerate() {
-                let pv = _mm256_set1_ps(p);
-                let row = v.add(j * stride);
-                for (c, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(pv, _mm256_loadu_ps(row.add(8 * c)), *a);
-                }
-            }
-            for (c, a) in acc.iter().enumerate() {
-                _mm256_storeu_ps(o.add(8 * c), *a);
-            }
-        }
-    }
-
     /// # Safety
     /// `p` must point to eight readable and writable f32.
     #[inline(always)]
@@ -439,114 +250,6 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Plain f64 attention of query rows at positions offset.. against a cache.
-    fn reference(
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        dims: (usize, usize, usize, usize),
-        offset: usize,
-    ) -> Vec<f64> {
-        let (n_head, n_kv, t, d) = dims;
-        let keys = offset + t;
-        let mut out = vec![0f64; n_head * t * d];
-        for h in 0..n_head {
-            let kv = h / (n_head / n_kv);
-            for r in 0..t {
-                let seen = offset + r + 1;
-                let qr = &q[(h * t + r) * d..(h * t + r + 1) * d];
-                let s: Vec<f64> = (0..seen)
-                    .map(|j| {
-                        let kj = &k[(kv * keys + j) * d..(kv * keys + j + 1) * d];
-                        qr.iter()
-                            .zip(kj)
-                            .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                            .sum::<f64>()
-                            / (d as f64).sqrt()
-                    })
-                    .collect();
-                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-                let z: f64 = e.iter().sum();
-                for (j, p) in e.iter().enumerate() {
-                    for c in 0..d {
-                        out[(h * t + r) * d + c] += p / z * f64::from(v[(kv * keys + j) * d + c]);
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    /// Few query rows (the decode path) and many (the blocked matmul path) both agree with
-    /// plain attention, on caches that are views of longer buffers; a row's result is the
-    /// same bit for bit whether it comes alone or with other rows.
-    #[test]
-    fn few_and_many_rows_agree_with_plain_attention() {
-        let (n_head, n_kv, d) = (6, 2, 64);
-        let mut seed = 99u32;
-        let mut next = || {
-            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
-        };
-        let dev = candle_core::Device::Cpu;
-        for (offset, t) in [
-            (0, 1),
-            (37, 1),
-            (40, 5),
-            (3, 9),
-            (200, 15),
-            (50, 16),
-            (130, 40),
-        ] {
-            let keys = offset + t;
-            let q: Vec<f32> = (0..n_head * t * d).map(|_| next()).collect();
-            let k: Vec<f32> = (0..n_kv * keys * d).map(|_| next()).collect();
-            let v: Vec<f32> = (0..n_kv * keys * d).map(|_| next()).collect();
-            // The cache as the model holds it: a buffer with room beyond `keys`, narrowed.
-            let room = |x: &[f32]| -> Tensor {
-                let full =
-                    Tensor::zeros((1, n_kv, keys + 7, d), candle_core::DType::F32, &dev).unwrap();
-                let part = Tensor::from_slice(x, (1, n_kv, keys, d), &dev).unwrap();
-                full.slice_set(&part, 2, 0).unwrap();
-                full.narrow(2, 0, keys).unwrap()
-            };
-            let (kt, vt) = (room(&k), room(&v));
-            let qt = Tensor::from_slice(&q, (1, n_head, t, d), &dev).unwrap();
-            let got: Vec<f32> = causal_attention(&qt, &kt, &vt, offset)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
-            let want = reference(&q, &k, &v, (n_head, n_kv, t, d), offset);
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert!(
-                    (f64::from(*g) - w).abs() < 1e-5,
-                    "offset {offset}, t {t}, value {i}: {g} vs {w}"
-                );
-            }
-            if t < FEW_ROWS {
-                // The last row alone, after the others: the same bits.
-                let last = qt.narrow(2, t - 1, 1).unwrap();
-                let alone: Vec<f32> = causal_attention(&last, &kt, &vt, offset + t - 1)
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1()
-                    .unwrap();
-                for h in 0..n_head {
-                    let row = &got[(h * t + t - 1) * d..(h * t + t) * d];
-                    let one = &alone[h * d..(h + 1) * d];
-                    assert!(
-                        row.iter().zip(one).all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "head {h}"
-                    );
-                }
-            }
-        }
-    }
 
     #[test]
     fn exp_is_accurate_over_softmax_range() {
