@@ -117,24 +117,14 @@ pub fn run(
         let unix = bind_socket(&socket)?;
         let tcp = match &options.tcp {
             Some(tcp) => Some((
-                tokio::net::TcpListener::bind(tcp.addr)
-                    .await
-                    .map_err(|source| Error::Io {
-                        path: PathBuf::from(tcp.addr.to_string()),
-                        source,
-                    })?,
+                bind_tcp(tcp.addr).await?,
                 Arc::<str>::from(tcp.token.as_str()),
             )),
             None => None,
         };
         let proxy = match (&options.proxy, proxy_state) {
             (Some(proxy), Some(state)) => Some((
-                tokio::net::TcpListener::bind(proxy.addr)
-                    .await
-                    .map_err(|source| Error::Io {
-                        path: PathBuf::from(proxy.addr.to_string()),
-                        source,
-                    })?,
+                bind_tcp(proxy.addr).await?,
                 proxy::router(state, Arc::<str>::from(proxy.token.as_str())),
             )),
             _ => None,
@@ -241,6 +231,16 @@ pub fn run(
 }
 
 /// Binds the API socket, readable and writable by its owner only.
+/// A TCP listener on `addr`; a failure names the address.
+async fn bind_tcp(addr: std::net::SocketAddr) -> Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Io {
+            path: PathBuf::from(addr.to_string()),
+            source,
+        })
+}
+
 fn bind_socket(path: &std::path::Path) -> Result<tokio::net::UnixListener> {
     // The caller holds the database lock, so a socket left here is stale.
     let _ = std::fs::remove_file(path);

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::clients::{mcp_session, ok_call};
+use crate::clients::{assert_tool_error, mcp_session, ok_call};
 use crate::{stderr, test_root, Daemon};
 
 #[test]
@@ -59,14 +59,6 @@ fn mcp_calls_go_through_the_daemon_that_holds_the_database() {
     let streams = &ok_call(&r[3])["streams"];
     assert_eq!(streams[0]["stream"], "notes", "{streams:#}");
     assert_eq!(r[4]["contents"], json!([show["text"]]), "{:#}", r[4]);
-    assert_eq!(r[5]["is_error"], true, "{:#}", r[5]);
-    assert!(
-        r[5]["text"]
-            .as_str()
-            .unwrap()
-            .contains("no stream named `nope`"),
-        "{:#}",
-        r[5]
-    );
+    assert_tool_error(&r[5], "no stream named `nope`");
     assert!(daemon.stop().success(), "{}", daemon.log_text());
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use memagent_store::{Store, GENERAL};
 use serde_json::{json, Value};
 
-use crate::clients::ok_call;
+use crate::clients::{assert_tool_error, ok_call};
 use crate::{data_dir, memctl};
 
 fn mcp_session(dir: &Path, ops: &[Value]) -> Vec<Value> {
@@ -113,25 +113,10 @@ fn an_mcp_client_remembers_recalls_and_reads_memory() {
     assert_eq!(uris, ["memagent://streams/chat/memory", uri], "{:#}", r[8]);
     assert_eq!(r[9]["contents"], json!([latest.text]), "{:#}", r[9]);
 
-    assert_eq!(r[10]["is_error"], true, "{:#}", r[10]);
-    let message = r[10]["text"].as_str().unwrap();
-    assert!(message.contains("no stream named `nope`"), "{message}");
+    assert_tool_error(&r[10], "no stream named `nope`");
     // A missing argument is refused before the tool runs, naming the field.
-    assert_eq!(r[11]["is_error"], true, "{:#}", r[11]);
-    assert!(
-        r[11]["text"]
-            .as_str()
-            .unwrap()
-            .contains("missing field `stream`"),
-        "{:#}",
-        r[11]
-    );
-    assert_eq!(r[12]["is_error"], true, "{:#}", r[12]);
-    assert!(
-        r[12]["text"].as_str().unwrap().contains("not both"),
-        "{:#}",
-        r[12]
-    );
+    assert_tool_error(&r[11], "missing field `stream`");
+    assert_tool_error(&r[12], "not both");
     let unknown = r[13]["mcp_error"]["message"].as_str().unwrap_or_default();
     assert!(unknown.contains("nope"), "{:#}", r[13]);
     // Nothing was written for the refused calls.

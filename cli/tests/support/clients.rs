@@ -78,6 +78,13 @@ pub fn ok_call(result: &Value) -> &Value {
     &result["structured"]
 }
 
+/// Checks that a tool call failed with a message containing `needle`.
+pub fn assert_tool_error(result: &Value, needle: &str) {
+    assert_eq!(result["is_error"], true, "{result:#}");
+    let message = result["text"].as_str().unwrap_or_default();
+    assert!(message.contains(needle), "{result:#}");
+}
+
 /// Runs `ops` against the OpenAI-compatible server at `base_url` with `api_key`: one
 /// result each.
 #[allow(dead_code)] // the daemon tests' alone
