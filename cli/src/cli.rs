@@ -141,8 +141,14 @@ pub enum Command {
     Train(TrainArgs),
     /// The answers to a stream's standing questions (`ask` in its watch), one per memory
     /// version, oldest first
+    #[command(
+        after_help = "Examples:\n  memctl watch add ~/notes --ask \"What tasks are still open?\"\n  \
+        memctl answers notes\n  memctl answers notes --json"
+    )]
     Answers {
+        /// The stream whose answers to list (see `memctl streams list`)
         stream: String,
+        /// Print the answers as JSON (question, version, answer, created, seconds)
         #[arg(long)]
         json: bool,
     },
