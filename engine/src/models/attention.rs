@@ -6,6 +6,12 @@
 
 use candle_core::{CpuStorage, InplaceOp1, Layout, Tensor};
 
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma"
+))]
+use super::few_rows;
 use crate::error::Result;
 
 /// Upper bound on score-matrix elements per block (16 MiB of f32).
@@ -24,6 +30,25 @@ pub(crate) fn causal_attention(
     v: &Tensor,
     offset: usize,
 ) -> Result<Tensor> {
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    {
+        let (_, n_head, t, d) = q.dims4()?;
+        let rows = n_head / k.dim(1)? * t;
+        if t < few_rows::FEW_ROWS && q.device().is_cpu() && few_rows::applies(rows, offset + t, d) {
+            let scale = 1.0 / (d as f32).sqrt();
+            let op = few_rows::FewRows { offset, scale };
+            return Ok(q.contiguous()?.apply_op3_no_bwd(k, v, &op)?);
+        }
+    }
+    blocked_attention(q, k, v, offset)
+}
+
+/// [`causal_attention`] through matmuls over blocks of queries.
+fn blocked_attention(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Result<Tensor> {
     let (b, n_head, t, d) = q.dims4()?;
     let n_kv = k.dim(1)?;
     let group = n_head / n_kv;
@@ -250,6 +275,70 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    /// Few query rows go through the in-place kernel, with exactly the bits of the matmul
+    /// path, on caches that are views of longer buffers: keys across value blocks, partial
+    /// key tiles, one to fifteen rows per head, grouped heads.
+    #[test]
+    fn few_rows_equal_the_matmul_path_bit_for_bit() {
+        let dev = candle_core::Device::Cpu;
+        let mut seed = 99u32;
+        let mut next = move || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
+        };
+        let mut taken = 0;
+        for (n_head, n_kv, d) in [(9, 3, 64), (6, 2, 64), (4, 1, 32)] {
+            for (offset, t) in [
+                (0, 3),
+                (30, 1),
+                (37, 2),
+                (200, 15),
+                (511, 1),
+                (509, 4),
+                (1100, 1),
+                (1031, 9),
+                (2047, 1),
+            ] {
+                let keys = offset + t;
+                let mut fill = |n: usize| -> Vec<f32> { (0..n).map(|_| next() * 3.0).collect() };
+                let (q, k, v) = (
+                    fill(n_head * t * d),
+                    fill(n_kv * keys * d),
+                    fill(n_kv * keys * d),
+                );
+                // The cache as the model holds it: a buffer with room beyond `keys`, narrowed.
+                let room = |x: &[f32]| -> Tensor {
+                    let full = Tensor::zeros((1, n_kv, keys + 7, d), candle_core::DType::F32, &dev)
+                        .unwrap();
+                    let part = Tensor::from_slice(x, (1, n_kv, keys, d), &dev).unwrap();
+                    full.slice_set(&part, 2, 0).unwrap();
+                    full.narrow(2, 0, keys).unwrap()
+                };
+                let (kt, vt) = (room(&k), room(&v));
+                let qt = Tensor::from_slice(&q, (1, n_head, t, d), &dev).unwrap();
+                let flat = |x: Tensor| -> Vec<f32> { x.flatten_all().unwrap().to_vec1().unwrap() };
+                let got = flat(causal_attention(&qt, &kt, &vt, offset).unwrap());
+                let want = flat(blocked_attention(&qt, &kt, &vt, offset).unwrap());
+                let rows = n_head / n_kv * t;
+                taken += usize::from(few_rows::applies(rows, keys, d));
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        w.to_bits(),
+                        "heads {n_head}/{n_kv}, offset {offset}, t {t}, value {i}: {g} vs {w}"
+                    );
+                }
+            }
+        }
+        // Most shapes above take the kernel (the others check the fallback's routing).
+        assert!(taken >= 15, "{taken} shapes took the few-rows kernel");
+    }
 
     #[test]
     fn exp_is_accurate_over_softmax_range() {

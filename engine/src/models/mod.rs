@@ -2,6 +2,12 @@
 //! `transformer`, each architecture has a file that reads its configuration.
 
 mod attention;
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma"
+))]
+mod few_rows;
 mod linear;
 mod llama;
 mod q4_1;
