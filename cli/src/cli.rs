@@ -973,8 +973,9 @@ pub struct BenchEngineArgs {
     /// Memory rewrites to decode, by previous-memory size in tokens: the loop's update
     /// prompt, up to 256 new tokens, with one token per pass and with speculative
     /// drafting (--draft-tokens); reports decode tok/s of each, their ratio, acceptance
-    /// and tokens per pass, and checks that both give the same tokens. Empty: none
-    #[arg(long, value_delimiter = ',', default_value = "128,256")]
+    /// and tokens per pass, and checks that both give the same tokens. `--rewrite` with
+    /// no value: none
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "128,256")]
     pub rewrite: Vec<usize>,
 
     /// Most tokens drafted per pass in the rewrite and batch cases
