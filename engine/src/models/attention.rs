@@ -11,7 +11,7 @@ use candle_core::{CpuStorage, InplaceOp1, Layout, Tensor};
     target_feature = "avx2",
     target_feature = "fma"
 ))]
-use super::few_rows;
+use super::cache_attention;
 use crate::error::Result;
 
 /// Upper bound on score-matrix elements per block (16 MiB of f32).
@@ -35,16 +35,25 @@ pub(crate) fn causal_attention(
         target_feature = "avx2",
         target_feature = "fma"
     ))]
-    {
-        let (_, n_head, t, d) = q.dims4()?;
-        let rows = n_head / k.dim(1)? * t;
-        if t < few_rows::FEW_ROWS && q.device().is_cpu() && few_rows::applies(rows, offset + t, d) {
-            let scale = 1.0 / (d as f32).sqrt();
-            let op = few_rows::FewRows { offset, scale };
+    if q.device().is_cpu() {
+        let (b, n_head, t, d) = q.dims4()?;
+        let op = cache_attention::CacheAttention {
+            offset,
+            scale: 1.0 / (d as f32).sqrt(),
+            block: query_block(b, n_head, t, offset),
+        };
+        if op.applies(n_head / k.dim(1)?, t, d) {
             return Ok(q.contiguous()?.apply_op3_no_bwd(k, v, &op)?);
         }
     }
     blocked_attention(q, k, v, offset)
+}
+
+/// Queries per block for `t` queries of `n_head` heads after `offset` positions.
+fn query_block(b: usize, n_head: usize, t: usize, offset: usize) -> usize {
+    (MAX_SCORE_ELEMENTS / (b * n_head * (offset + t)).max(1))
+        .clamp(MIN_BLOCK, MAX_BLOCK)
+        .min(t)
 }
 
 /// [`causal_attention`] through matmuls over blocks of queries.
@@ -53,10 +62,7 @@ fn blocked_attention(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Resul
     let n_kv = k.dim(1)?;
     let group = n_head / n_kv;
     let scale = 1.0 / (d as f32).sqrt();
-    let total = offset + t;
-    let block = (MAX_SCORE_ELEMENTS / (b * n_head * total).max(1))
-        .clamp(MIN_BLOCK, MAX_BLOCK)
-        .min(t);
+    let block = query_block(b, n_head, t, offset);
     // (b, n_kv, group, t, d): heads of one group share a key/value head.
     let q = q.reshape((b, n_kv, group, t, d))?;
     let mut outputs = Vec::with_capacity(t.div_ceil(block));
@@ -276,16 +282,17 @@ mod avx2 {
 mod tests {
     use super::*;
 
+    /// Attention through the cache kernel has exactly the bits of the matmul path, on
+    /// caches that are views of longer buffers: one to fifteen rows per head (decoding,
+    /// verification) and prefill blocks, keys across the GEMM's depth blocks, partial key
+    /// tiles, grouped heads.
     #[cfg(all(
         target_arch = "x86_64",
         target_feature = "avx2",
         target_feature = "fma"
     ))]
-    /// Few query rows go through the in-place kernel, with exactly the bits of the matmul
-    /// path, on caches that are views of longer buffers: keys across value blocks, partial
-    /// key tiles, one to fifteen rows per head, grouped heads.
     #[test]
-    fn few_rows_equal_the_matmul_path_bit_for_bit() {
+    fn cache_kernel_equals_the_matmul_path_bit_for_bit() {
         let dev = candle_core::Device::Cpu;
         let mut seed = 99u32;
         let mut next = move || {
@@ -293,18 +300,24 @@ mod tests {
             (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
         };
         let mut taken = 0;
+        let shapes = [
+            (0, 3),
+            (30, 1),
+            (37, 2),
+            (200, 15),
+            (511, 1),
+            (509, 4),
+            (1100, 1),
+            (1031, 9),
+            (2047, 1),
+            (0, 16),
+            (0, 200),
+            (512, 130),
+            (1024, 512),
+            (2600, 300),
+        ];
         for (n_head, n_kv, d) in [(9, 3, 64), (6, 2, 64), (4, 1, 32)] {
-            for (offset, t) in [
-                (0, 3),
-                (30, 1),
-                (37, 2),
-                (200, 15),
-                (511, 1),
-                (509, 4),
-                (1100, 1),
-                (1031, 9),
-                (2047, 1),
-            ] {
+            for (offset, t) in shapes {
                 let keys = offset + t;
                 let mut fill = |n: usize| -> Vec<f32> { (0..n).map(|_| next() * 3.0).collect() };
                 let (q, k, v) = (
@@ -325,8 +338,12 @@ mod tests {
                 let flat = |x: Tensor| -> Vec<f32> { x.flatten_all().unwrap().to_vec1().unwrap() };
                 let got = flat(causal_attention(&qt, &kt, &vt, offset).unwrap());
                 let want = flat(blocked_attention(&qt, &kt, &vt, offset).unwrap());
-                let rows = n_head / n_kv * t;
-                taken += usize::from(few_rows::applies(rows, keys, d));
+                let op = cache_attention::CacheAttention {
+                    offset,
+                    scale: 1.0,
+                    block: query_block(1, n_head, t, offset),
+                };
+                taken += usize::from(op.applies(n_head / n_kv, t, d));
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                     assert_eq!(
                         g.to_bits(),
@@ -337,7 +354,7 @@ mod tests {
             }
         }
         // Most shapes above take the kernel (the others check the fallback's routing).
-        assert!(taken >= 15, "{taken} shapes took the few-rows kernel");
+        assert!(taken >= 30, "{taken} shapes took the cache kernel");
     }
 
     #[test]

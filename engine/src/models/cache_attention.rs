@@ -1,55 +1,81 @@
-//! Attention for a few query rows (decoding, drafts being verified), reading the key/value
-//! cache where it lies instead of through matmuls that pack and copy it on every call.
+//! Causal attention that reads the key/value cache where it lies, instead of through
+//! matmuls that pack and copy it on every call and a score matrix allocated per block.
 //!
-//! The sums run in exactly the order of the matmul path ([`super::attention`]), so a row
-//! gives the same bits either way and greedy outputs do not move:
+//! The sums run in exactly the order of the matmul path ([`super::attention`]), so every
+//! row gives the same bits either way and greedy outputs do not move:
+//! - queries go in the same blocks, each block's scores against the keys up to its end;
 //! - a score is one fused multiply-add chain over the head dimension, from zero, as in the
 //!   GEMM micro-kernel (one depth block: the head dimension is far below its block size);
-//! - a weighted sum of values runs over the keys in blocks of [`VALUE_BLOCK`], each block
-//!   one chain from zero, the blocks added in order, as the GEMM does for an output of at
-//!   most 64 × 64 (the block size is then fixed, not derived from the cache sizes);
+//! - a weighted sum of values runs over the keys in the GEMM's depth blocks for that
+//!   product ([`value_block`]), each block one chain from zero, the blocks added in order;
 //! - keys a row may not see get probability zero and are summed all the same.
 //!
 //! Shapes for which the GEMM takes another route (a single row, tiny products, larger
 //! heads) stay on the matmul path: see [`applies`]. Built for x86-64 with AVX2 and FMA,
-//! whose GEMM kernels these orders are.
+//! whose GEMM kernels (16 x 6 f32 tiles) these orders are.
 
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape};
 
 use super::attention::softmax_in_place;
 
-/// Fewer query rows than this per head may come here: the bound of the projections'
-/// decode kernels, so that a row is computed one way whether decoded or resumed from a
-/// cached prefix.
-pub(crate) const FEW_ROWS: usize = super::linear::DENSE_MIN_ROWS;
-/// Depth block of the GEMM for an output of at most 64 × 64.
-const VALUE_BLOCK: usize = 512;
-/// Keys scored per parallel work item.
-const KEY_CHUNK: usize = 128;
-/// The GEMM's small-output bound (rows and columns) below which its block size is fixed.
+/// Depth block of the GEMM for an output of at most 64 x 64.
+const SMALL_VALUE_BLOCK: usize = 512;
+/// The GEMM's small-output bound (rows and columns) below which its depth block is fixed.
 const SMALL_OUTPUT: usize = 64;
 /// Products of at most this many outputs take the GEMM's horizontal kernel instead.
 const HORIZONTAL_MAX: usize = 16 * 16;
+/// Rows and columns of the GEMM's f32 micro-kernel tile with AVX2 and FMA.
+const GEMM_TILE: (usize, usize) = (16, 6);
+/// Keys scored per parallel work item.
+const KEY_CHUNK: usize = 128;
+/// Query rows per parallel work item of the weighted sums (a multiple of 3).
+const ROW_CHUNK: usize = 24;
 
-/// Whether `rows` query rows (all heads of one key/value head) of dimension `d` against
-/// `keys` keys run here with the matmul's exact sums.
+/// Whether a block of `rows` query rows (all heads of one key/value head) of dimension `d`
+/// against `keys` keys runs here with the matmul's exact sums.
 pub(crate) fn applies(rows: usize, keys: usize, d: usize) -> bool {
-    (2..=SMALL_OUTPUT).contains(&rows)
-        && rows * keys > HORIZONTAL_MAX
-        && d <= SMALL_OUTPUT
-        && d.is_multiple_of(32)
+    rows >= 2 && rows * keys > HORIZONTAL_MAX && d <= SMALL_OUTPUT && d.is_multiple_of(32)
+}
+
+/// The GEMM's depth block for `probs (rows, keys) x values (keys, d)`: it computes the
+/// transposed product (d x rows), whose depth block is fixed for small outputs and else
+/// derived from the CPU's caches.
+fn value_block(rows: usize, keys: usize, d: usize) -> usize {
+    if d <= SMALL_OUTPUT && rows <= SMALL_OUTPUT {
+        keys.min(SMALL_VALUE_BLOCK)
+    } else {
+        let (mr, nr) = GEMM_TILE;
+        gemm_common::cache::kernel_params(d, rows, keys, mr, nr, std::mem::size_of::<f32>()).kc
+    }
 }
 
 /// Attention of `t` query rows per head at positions `offset..offset + t` against a cache
-/// of `offset + t` keys. Inputs (b, n_head, t, d) and (b, n_kv, keys, d); out (b, n_head, t, d).
-pub(crate) struct FewRows {
+/// of `offset + t` keys, in blocks of `block` queries. Inputs (b, n_head, t, d) and
+/// (b, n_kv, keys, d); out (b, n_head, t, d).
+pub(crate) struct CacheAttention {
     pub(crate) offset: usize,
     pub(crate) scale: f32,
+    pub(crate) block: usize,
 }
 
-impl CustomOp3 for FewRows {
+impl CacheAttention {
+    /// Whether every query block of this call [`applies`].
+    pub(crate) fn applies(&self, group: usize, t: usize, d: usize) -> bool {
+        (0..t).step_by(self.block.max(1)).all(|start| {
+            let len = self.block.min(t - start);
+            applies(group * len, self.offset + start + len, d)
+        })
+    }
+}
+
+thread_local! {
+    /// Scores of the current block, reused across calls (grown, never shrunk).
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl CustomOp3 for CacheAttention {
     fn name(&self) -> &'static str {
-        "few-rows-attention"
+        "cache-attention"
     }
 
     fn cpu_fwd(
@@ -62,93 +88,141 @@ impl CustomOp3 for FewRows {
         vl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (CpuStorage::F32(q), CpuStorage::F32(k), CpuStorage::F32(v)) = (qs, ks, vs) else {
-            candle_core::bail!("few-rows-attention expects f32 tensors")
+            candle_core::bail!("cache-attention expects f32 tensors")
         };
         let (b, n_head, t, d) = ql.shape().dims4()?;
         let (kb, n_kv, keys, kd) = kl.shape().dims4()?;
         if kb != b || kd != d || vl.shape() != kl.shape() || n_kv == 0 || n_head % n_kv != 0 {
             candle_core::bail!(
-                "few-rows-attention: q {:?} does not match k {:?} / v {:?}",
+                "cache-attention: q {:?} does not match k {:?} / v {:?}",
                 ql.dims(),
                 kl.dims(),
                 vl.dims()
             )
         }
-        let rows = n_head / n_kv * t;
-        if !applies(rows, keys, d) || self.offset + t != keys {
-            candle_core::bail!("few-rows-attention: {rows} rows of {d} against {keys} keys")
+        let group = n_head / n_kv;
+        if !self.applies(group, t, d) || self.offset + t != keys {
+            candle_core::bail!("cache-attention: {t} queries of {d} against {keys} keys")
         }
         let Some((q0, _)) = ql.contiguous_offsets() else {
-            candle_core::bail!("few-rows-attention expects a contiguous query")
+            candle_core::bail!("cache-attention expects a contiguous query")
         };
         // Keys and values may be views of a longer cache: positions d apart, heads strided.
         let (kst, vst) = (kl.stride(), vl.stride());
         if kst[3] != 1 || vst[3] != 1 || kst[2] != d || vst[2] != d {
-            candle_core::bail!("few-rows-attention expects cache rows of {d} contiguous values")
+            candle_core::bail!("cache-attention expects cache rows of {d} contiguous values")
         }
         let heads = b * n_kv;
-        let base =
-            |st: &[usize], start: usize, h: usize| start + h / n_kv * st[0] + h % n_kv * st[1];
+        let k_at = |h: usize| kl.start_offset() + h / n_kv * kst[0] + h % n_kv * kst[1];
+        let v_at = |h: usize| vl.start_offset() + h / n_kv * vst[0] + h % n_kv * vst[1];
+        // Query row i of a block of `len` (head g = i / len of the group, position
+        // start + i % len) of key/value head h, as an index of q and of the output.
+        let row_at = |h: usize, i: usize, start: usize, len: usize| {
+            ((h * group + i / len) * t + start + i % len) * d
+        };
         let pool = candle_core::utils::barrier_pool();
-
-        // Scores: (heads, rows, keys), every key of a chunk against all rows of its head.
-        let mut scores = vec![0f32; heads * rows * keys];
-        let chunks = keys.div_ceil(KEY_CHUNK);
-        let scores_ptr = scores.as_mut_ptr() as usize;
-        pool.execute_chunked(heads * chunks, |range| {
-            for unit in range {
-                let (h, chunk) = (unit / chunks, unit % chunks);
-                let from = chunk * KEY_CHUNK;
-                let to = keys.min(from + KEY_CHUNK);
-                let query = &q[q0 + h * rows * d..q0 + (h + 1) * rows * d];
-                let kbase = base(kst, kl.start_offset(), h);
-                // SAFETY: each unit writes columns from..to of its own head's rows only.
-                unsafe {
-                    let dst = (scores_ptr as *mut f32).add(h * rows * keys);
-                    avx2::score_chunk(query, &k[kbase..kbase + keys * d], d, from..to, dst, keys);
-                }
-            }
-        });
-
-        // Causal softmax of every row, exactly as on the matmul path.
-        let ptr = scores_ptr;
-        pool.execute_chunked(heads * rows, |range| {
-            for r in range {
-                // SAFETY: rows are disjoint slices of `scores`, each visited by one task.
-                let row = unsafe {
-                    std::slice::from_raw_parts_mut((ptr as *mut f32).add(r * keys), keys)
-                };
-                let seen = (self.offset + r % rows % t + 1).min(keys);
-                let (seen, hidden) = row.split_at_mut(seen);
-                softmax_in_place(seen, self.scale);
-                hidden.fill(0.0);
-            }
-        });
-
-        // Weighted sums of values: per head, 32 columns per work item.
-        let mut out = vec![0f32; heads * rows * d];
+        let mut out = vec![0f32; b * n_head * t * d];
         let out_ptr = out.as_mut_ptr() as usize;
-        let col_blocks = d / 32;
-        pool.execute_chunked(heads * col_blocks, |range| {
-            for unit in range {
-                let (h, col) = (unit / col_blocks, unit % col_blocks * 32);
-                let vbase = base(vst, vl.start_offset(), h) + col;
-                let probs = &scores[h * rows * keys..(h + 1) * rows * keys];
-                // SAFETY: each unit writes columns col..col + 32 of its own head's rows.
-                unsafe {
-                    let dst = (out_ptr as *mut f32).add(h * rows * d + col);
-                    avx2::weighted_sums(probs, keys, v[vbase..].as_ptr(), d, dst);
+        let mut start = 0;
+        while start < t {
+            let len = self.block.min(t - start);
+            let (rows, seen_by_block) = (group * len, self.offset + start + len);
+            let queries: Vec<f32> = (0..heads * rows)
+                .flat_map(|r| {
+                    let at = q0 + row_at(r / rows, r % rows, start, len);
+                    q[at..at + d].iter().copied()
+                })
+                .collect();
+            SCORES.with(|cell| {
+                let mut scores = cell.borrow_mut();
+                let n = heads * rows * seen_by_block;
+                if scores.len() < n {
+                    scores.resize(n, 0.0);
                 }
-            }
-        });
+                let keys = seen_by_block;
+                let scores_ptr = scores.as_mut_ptr() as usize;
+
+                // Scores: every key of a chunk against all rows of its head.
+                let chunks = keys.div_ceil(KEY_CHUNK);
+                pool.execute_chunked(heads * chunks, |range| {
+                    for unit in range {
+                        let (h, chunk) = (unit / chunks, unit % chunks);
+                        let from = chunk * KEY_CHUNK;
+                        let to = keys.min(from + KEY_CHUNK);
+                        let query = &queries[h * rows * d..(h + 1) * rows * d];
+                        let at = k_at(h);
+                        // SAFETY: each unit writes columns from..to of its own head's rows.
+                        unsafe {
+                            let dst = (scores_ptr as *mut f32).add(h * rows * keys);
+                            avx2::score_chunk(query, &k[at..at + keys * d], d, from..to, dst, keys);
+                        }
+                    }
+                });
+
+                // Causal softmax of every row, exactly as on the matmul path.
+                let first = self.offset + start;
+                pool.execute_chunked(heads * rows, |range| {
+                    for r in range {
+                        // SAFETY: rows are disjoint slices of the scores, one task each.
+                        let row = unsafe {
+                            std::slice::from_raw_parts_mut(
+                                (scores_ptr as *mut f32).add(r * keys),
+                                keys,
+                            )
+                        };
+                        let (seen, hidden) =
+                            row.split_at_mut((first + r % rows % len + 1).min(keys));
+                        softmax_in_place(seen, self.scale);
+                        hidden.fill(0.0);
+                    }
+                });
+
+                // Weighted sums of values: 32 columns of a chunk of rows per work item.
+                let kc = value_block(rows, keys, d);
+                let (col_blocks, row_chunks) = (d / 32, rows.div_ceil(ROW_CHUNK));
+                let scores = &scores[..n];
+                pool.execute_chunked(heads * col_blocks * row_chunks, |range| {
+                    let mut sums = [0f32; ROW_CHUNK * 32];
+                    for unit in range {
+                        let h = unit / (col_blocks * row_chunks);
+                        let col = unit / row_chunks % col_blocks * 32;
+                        let from = unit % row_chunks * ROW_CHUNK;
+                        let to = rows.min(from + ROW_CHUNK);
+                        let probs = &scores[(h * rows + from) * keys..(h * rows + to) * keys];
+                        // SAFETY: values of head h, columns col..col + 32 of every key; the
+                        // sums buffer holds ROW_CHUNK rows of 32.
+                        unsafe {
+                            let values = avx2::Values {
+                                at: v[v_at(h) + col..].as_ptr(),
+                                stride: d,
+                                keys,
+                                block: kc,
+                            };
+                            avx2::weighted_sums(probs, &values, sums.as_mut_ptr());
+                        }
+                        for i in from..to {
+                            let at = row_at(h, i, start, len) + col;
+                            // SAFETY: output row i of head h, columns col..col + 32, is
+                            // written by this unit only, inside `out`.
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(
+                                    sums.as_ptr().add((i - from) * 32),
+                                    (out_ptr as *mut f32).add(at),
+                                    32,
+                                );
+                            }
+                        }
+                    }
+                });
+            });
+            start += len;
+        }
         Ok((CpuStorage::F32(out), Shape::from((b, n_head, t, d))))
     }
 }
 
 mod avx2 {
     use std::arch::x86_64::*;
-
-    use super::VALUE_BLOCK;
 
     /// Keys per tile: two vectors of eight, transposed so that lanes are keys.
     const TILE: usize = 16;
@@ -293,19 +367,24 @@ mod avx2 {
         }
     }
 
+    /// 32 columns of the values of every key, rows `stride` apart, summed in blocks of
+    /// `block` keys.
+    #[derive(Clone, Copy)]
+    pub(super) struct Values {
+        pub(super) at: *const f32,
+        pub(super) stride: usize,
+        pub(super) keys: usize,
+        pub(super) block: usize,
+    }
+
     /// `dst[i][0..32] = sum_j probs[i][j] * values[j][0..32]` for every row i of `probs`
-    /// (rows of `keys`), values `d` apart, summed in [`VALUE_BLOCK`] blocks.
+    /// (rows of `values.keys`).
     ///
     /// # Safety
-    /// `values` must point to `keys` rows of 32 readable values `d` apart; `dst` to rows of
-    /// 32 writable values `d` apart, one per row of `probs`.
-    pub(super) unsafe fn weighted_sums(
-        probs: &[f32],
-        keys: usize,
-        values: *const f32,
-        d: usize,
-        dst: *mut f32,
-    ) {
+    /// `values.at` must point to `keys` rows of 32 readable values; `dst` to 32 writable
+    /// values per row of `probs`.
+    pub(super) unsafe fn weighted_sums(probs: &[f32], values: &Values, dst: *mut f32) {
+        let keys = values.keys;
         let rows = probs.len() / keys;
         let mut i = 0;
         while i < rows {
@@ -313,9 +392,9 @@ mod avx2 {
             // SAFETY: forwarded; rows i..i + g exist in probs and dst.
             unsafe {
                 match g {
-                    3 => rows_sum::<3>(&probs[i * keys..], keys, values, d, dst.add(i * d)),
-                    2 => rows_sum::<2>(&probs[i * keys..], keys, values, d, dst.add(i * d)),
-                    _ => rows_sum::<1>(&probs[i * keys..], keys, values, d, dst.add(i * d)),
+                    3 => rows_sum::<3>(&probs[i * keys..], values, dst.add(i * 32)),
+                    2 => rows_sum::<2>(&probs[i * keys..], values, dst.add(i * 32)),
+                    _ => rows_sum::<1>(&probs[i * keys..], values, dst.add(i * 32)),
                 }
             }
             i += g;
@@ -327,22 +406,22 @@ mod avx2 {
     /// # Safety
     /// As [`weighted_sums`] for `G` rows.
     #[inline(always)]
-    unsafe fn rows_sum<const G: usize>(
-        probs: &[f32],
-        keys: usize,
-        values: *const f32,
-        d: usize,
-        dst: *mut f32,
-    ) {
+    unsafe fn rows_sum<const G: usize>(probs: &[f32], values: &Values, dst: *mut f32) {
+        let Values {
+            at,
+            stride,
+            keys,
+            block,
+        } = *values;
         // SAFETY: j < keys rows of values; dst rows r < G, 32 columns each.
         unsafe {
             let mut total = [[_mm256_setzero_ps(); 4]; G];
             let mut from = 0;
             while from < keys {
-                let to = keys.min(from + VALUE_BLOCK);
+                let to = keys.min(from + block);
                 let mut acc = [[_mm256_setzero_ps(); 4]; G];
                 for j in from..to {
-                    let row = values.add(j * d);
+                    let row = at.add(j * stride);
                     let x = [
                         _mm256_loadu_ps(row),
                         _mm256_loadu_ps(row.add(8)),
@@ -370,7 +449,7 @@ mod avx2 {
             }
             for (r, t) in total.iter().enumerate() {
                 for (c, tv) in t.iter().enumerate() {
-                    _mm256_storeu_ps(dst.add(r * d + 8 * c), *tv);
+                    _mm256_storeu_ps(dst.add(r * 32 + 8 * c), *tv);
                 }
             }
         }

@@ -7,7 +7,7 @@ mod attention;
     target_feature = "avx2",
     target_feature = "fma"
 ))]
-mod few_rows;
+mod cache_attention;
 mod linear;
 mod llama;
 mod q4_1;
