@@ -6,12 +6,6 @@
 
 use candle_core::{CpuStorage, InplaceOp1, Layout, Tensor};
 
-#[cfg(all(
-    target_arch = "x86_64",
-    target_feature = "avx2",
-    target_feature = "fma"
-))]
-use super::cache_attention;
 use crate::error::Result;
 
 /// Upper bound on score-matrix elements per block (16 MiB of f32).
@@ -37,7 +31,7 @@ pub(crate) fn causal_attention(
     ))]
     if q.device().is_cpu() {
         let (b, n_head, t, d) = q.dims4()?;
-        let op = cache_attention::CacheAttention {
+        let op = super::cache_attention::CacheAttention {
             offset,
             scale: 1.0 / (d as f32).sqrt(),
             block: query_block(b, n_head, t, offset),
@@ -338,7 +332,7 @@ mod tests {
                 let flat = |x: Tensor| -> Vec<f32> { x.flatten_all().unwrap().to_vec1().unwrap() };
                 let got = flat(causal_attention(&qt, &kt, &vt, offset).unwrap());
                 let want = flat(blocked_attention(&qt, &kt, &vt, offset).unwrap());
-                let op = cache_attention::CacheAttention {
+                let op = crate::models::cache_attention::CacheAttention {
                     offset,
                     scale: 1.0,
                     block: query_block(1, n_head, t, offset),

@@ -264,24 +264,12 @@ mod avx2 {
                 let mut i = 0;
                 while i < rows {
                     let g = ROW_GROUP.min(rows - i);
-                    let q = query.as_ptr().add(i * d);
-                    let sums = match g {
-                        4 => dots::<4>(q, d, &tile),
-                        3 => pad(dots::<3>(q, d, &tile)),
-                        2 => pad(dots::<2>(q, d, &tile)),
-                        _ => pad(dots::<1>(q, d, &tile)),
-                    };
-                    for (r, s) in sums.iter().take(g).enumerate() {
-                        let row = dst.add((i + r) * stride + j);
-                        if n == TILE {
-                            _mm256_storeu_ps(row, s[0]);
-                            _mm256_storeu_ps(row.add(8), s[1]);
-                        } else {
-                            let mut lanes = [0f32; TILE];
-                            _mm256_storeu_ps(lanes.as_mut_ptr(), s[0]);
-                            _mm256_storeu_ps(lanes.as_mut_ptr().add(8), s[1]);
-                            std::ptr::copy_nonoverlapping(lanes.as_ptr(), row, n);
-                        }
+                    let (q, out) = (query.as_ptr().add(i * d), dst.add(i * stride + j));
+                    match g {
+                        4 => dots::<4>(q, d, &tile, out, stride, n),
+                        3 => dots::<3>(q, d, &tile, out, stride, n),
+                        2 => dots::<2>(q, d, &tile, out, stride, n),
+                        _ => dots::<1>(q, d, &tile, out, stride, n),
                     }
                     i += g;
                 }
@@ -290,25 +278,23 @@ mod avx2 {
         }
     }
 
-    fn pad<const G: usize>(s: [[__m256; 2]; G]) -> [[__m256; 2]; ROW_GROUP] {
-        // SAFETY: AVX is compiled in.
-        let mut out = [[unsafe { _mm256_setzero_ps() }; 2]; ROW_GROUP];
-        out[..G].copy_from_slice(&s);
-        out
-    }
-
-    /// `G` rows of `q` (rows of `d`) against the 16 keys of `tile`: per key and row one
-    /// multiply-add chain over c = 0..d from zero.
+    /// `G` rows of `q` (rows of `d`) against the first `n` of the 16 keys of `tile`, into
+    /// `out` (rows `stride` apart): per key and row one multiply-add chain over c = 0..d
+    /// from zero.
     ///
     /// # Safety
-    /// `q` must point to `G * d` readable values.
+    /// `q` must point to `G * d` readable values, `out` to `G` rows of `n` writable ones.
     #[inline(always)]
     unsafe fn dots<const G: usize>(
         q: *const f32,
         d: usize,
         tile: &[f32; 64 * TILE],
-    ) -> [[__m256; 2]; G] {
-        // SAFETY: c < d <= 64 keeps tile reads in bounds; q reads stay in its G rows.
+        out: *mut f32,
+        stride: usize,
+        n: usize,
+    ) {
+        // SAFETY: c < d <= 64 keeps tile reads in bounds; q reads stay in its G rows,
+        // writes in the caller's G rows of n.
         unsafe {
             let mut acc = [[_mm256_setzero_ps(); 2]; G];
             for c in 0..d {
@@ -320,7 +306,18 @@ mod avx2 {
                     a[1] = _mm256_fmadd_ps(x, k1, a[1]);
                 }
             }
-            acc
+            for (r, a) in acc.iter().enumerate() {
+                let row = out.add(r * stride);
+                if n == TILE {
+                    _mm256_storeu_ps(row, a[0]);
+                    _mm256_storeu_ps(row.add(8), a[1]);
+                } else {
+                    let mut lanes = [0f32; TILE];
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), a[0]);
+                    _mm256_storeu_ps(lanes.as_mut_ptr().add(8), a[1]);
+                    std::ptr::copy_nonoverlapping(lanes.as_ptr(), row, n);
+                }
+            }
         }
     }
 
