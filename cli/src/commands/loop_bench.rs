@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use memagent_engine::agent::{AgentRun, MemoryAgent, OpenAiBackend, RemoteOptions};
+use memagent_engine::StopReason;
 use memagent_tasks::single_needle;
 use serde::Serialize;
 
@@ -34,6 +35,9 @@ pub struct LoopMeasure {
     pub input_tokens_per_second: f64,
     pub answer: String,
     pub hit: bool,
+    /// Tokens each step generated and why it stopped, in order (the final answer last):
+    /// where two engines' generated totals differ, this shows at which steps.
+    pub step_tokens: Vec<(usize, StopReason)>,
 }
 
 pub fn run(global: &GlobalArgs, args: &BenchLoopArgs) -> Result<()> {
@@ -219,6 +223,15 @@ fn measure(
         input_tokens_per_second: run.input_tokens as f64 / run.seconds.max(f64::EPSILON),
         answer: run.final_answer.answer.clone(),
         hit,
+        step_tokens: run
+            .steps
+            .iter()
+            .map(|s| (s.completion_tokens, s.stop_reason))
+            .chain([(
+                run.final_answer.completion_tokens,
+                run.final_answer.stop_reason,
+            )])
+            .collect(),
     }
 }
 
