@@ -757,7 +757,9 @@ pub struct BenchLoopArgs {
     /// Document length in tokens (a needle in filler)
     #[arg(long, default_value_t = 16384, value_name = "N")]
     pub tokens: usize,
-    /// Documents per profile and mode (needles at spread depths)
+    /// Documents per profile and mode (needles at spread depths), summed in the table. The
+    /// engines' greedy memories differ in length from one document to the next, so compare
+    /// end to end over several (4 or more)
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub documents: usize,
     /// Seed of the first document
