@@ -113,7 +113,7 @@ impl Linear {
         let rows = x.elem_count() / k.max(1);
         let y = match &self.dense {
             Some(w) if rows >= DENSE_MIN_ROWS => {
-                let y = x.reshape((rows, k))?.matmul(&w.t()?)?;
+                let y = super::dense::matmul_t(&x.reshape((rows, k))?, w)?;
                 let mut out = dims;
                 *out.last_mut().expect("rank >= 1") = y.dim(1)?;
                 y.reshape(out)?

@@ -8,6 +8,7 @@ mod attention;
     target_feature = "fma"
 ))]
 mod cache_attention;
+mod dense;
 mod linear;
 mod llama;
 mod q4_1;
