@@ -13,6 +13,7 @@ mod linear;
 mod llama;
 mod q4_1;
 mod qwen2;
+mod rowwise;
 mod transformer;
 
 pub use linear::WeightPlan;

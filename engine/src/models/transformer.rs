@@ -357,7 +357,7 @@ impl Transformer {
             .collect::<Result<Vec<_>>>()?;
         let mut x = self.embed.embedding(&ids)?;
         for (i, block) in self.blocks.iter().enumerate() {
-            let h = candle_nn::ops::rms_norm(&x, &block.attn_norm, cfg.rms_eps)?;
+            let h = super::rowwise::rms_norm(&x, &block.attn_norm, cfg.rms_eps)?;
             let qkv = block.wqkv.forward(&h)?;
             let mut ys = Vec::with_capacity(inputs.len());
             let mut at = 0;
@@ -370,14 +370,14 @@ impl Transformer {
             }
             let y = Tensor::cat(&ys, 1)?;
             x = (x + block.wo.forward(&y)?)?;
-            let h = candle_nn::ops::rms_norm(&x, &block.ffn_norm, cfg.rms_eps)?;
-            let ff = candle_nn::ops::swiglu(&block.w_gate_up.forward(&h)?)?;
+            let h = super::rowwise::rms_norm(&x, &block.ffn_norm, cfg.rms_eps)?;
+            let ff = super::rowwise::swiglu(&block.w_gate_up.forward(&h)?)?;
             x = (x + block.w_down.forward(&ff)?)?;
         }
         for (ids, cache) in inputs.iter_mut() {
             cache.len += ids.len();
         }
-        let x = candle_nn::ops::rms_norm(&x, &self.norm, cfg.rms_eps)?;
+        let x = super::rowwise::rms_norm(&x, &self.norm, cfg.rms_eps)?;
         let logits = self
             .lm_head
             .forward(&x)?
@@ -490,12 +490,12 @@ impl Transformer {
         let sin = self.sin.narrow(0, offset, t)?;
         let mut x = self.embed.embedding(ids)?;
         for (i, block) in self.blocks.iter().enumerate() {
-            let h = candle_nn::ops::rms_norm(&x, &block.attn_norm, cfg.rms_eps)?;
+            let h = super::rowwise::rms_norm(&x, &block.attn_norm, cfg.rms_eps)?;
             let qkv = block.wqkv.forward(&h)?;
             let y = self.attention(i, &qkv, cache, offset, &cos, &sin)?;
             x = (x + block.wo.forward(&y)?)?;
-            let h = candle_nn::ops::rms_norm(&x, &block.ffn_norm, cfg.rms_eps)?;
-            let ff = candle_nn::ops::swiglu(&block.w_gate_up.forward(&h)?)?;
+            let h = super::rowwise::rms_norm(&x, &block.ffn_norm, cfg.rms_eps)?;
+            let ff = super::rowwise::swiglu(&block.w_gate_up.forward(&h)?)?;
             x = (x + block.w_down.forward(&ff)?)?;
         }
         cache.len += t;
@@ -505,7 +505,7 @@ impl Transformer {
             Logits::All => x,
         };
         let rows = x.dim(1)?;
-        let x = candle_nn::ops::rms_norm(&x, &self.norm, cfg.rms_eps)?;
+        let x = super::rowwise::rms_norm(&x, &self.norm, cfg.rms_eps)?;
         let logits = self.lm_head.forward(&x)?.to_dtype(DType::F32)?;
         Ok(Some(match want {
             Logits::All => logits.reshape((b, rows, cfg.vocab_size))?,

@@ -1,0 +1,202 @@
+//! Row-wise kernels of a transformer block on CPU, run on the engine's one thread pool:
+//! RMS norm, and SwiGLU over the fused gate/up projection.
+//!
+//! candle-nn's RMS norm runs on rayon's pool, beside the barrier pool every other kernel
+//! uses, so each norm wakes a second set of threads that then compete for the cores.
+//! candle's `swiglu` splits the projection into two strided views, writes `silu(gate)`
+//! to a new tensor and multiplies through a strided binary map: three passes and two
+//! allocations where one pass does. Both kernels here compute every value with the same
+//! f32 operations in the same order as candle's, so their bits are candle's.
+
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor};
+
+use crate::error::Result;
+
+/// Rows per task of the thread pool; this many rows or fewer (decoding) run inline.
+const ROWS_PER_TASK: usize = 8;
+
+/// Runs `f(row, dst)` for every row of `out` (rows of `width` values), over the pool
+/// when there are more rows than one task takes.
+fn for_rows(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    let rows = out.len() / width.max(1);
+    if rows <= ROWS_PER_TASK {
+        for (r, dst) in out.chunks_exact_mut(width).enumerate() {
+            f(r, dst);
+        }
+        return;
+    }
+    let out_ptr = out.as_mut_ptr() as usize;
+    candle_core::utils::barrier_pool().execute_chunked(rows.div_ceil(ROWS_PER_TASK), |tasks| {
+        for task in tasks {
+            for r in task * ROWS_PER_TASK..rows.min((task + 1) * ROWS_PER_TASK) {
+                // SAFETY: row r (width cells) is written by exactly one task, inside
+                // `out`, which outlives the pool call.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut((out_ptr as *mut f32).add(r * width), width)
+                };
+                f(r, dst);
+            }
+        }
+    });
+}
+
+/// The contiguous f32 values of a CPU tensor's storage.
+fn contiguous<'a>(
+    storage: &'a CpuStorage,
+    layout: &Layout,
+    op: &str,
+) -> candle_core::Result<&'a [f32]> {
+    let CpuStorage::F32(data) = storage else {
+        candle_core::bail!("{op} expects f32")
+    };
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        candle_core::bail!("{op} expects a contiguous tensor")
+    };
+    Ok(&data[start..end])
+}
+
+fn on_cpu_f32(x: &Tensor) -> bool {
+    x.device().is_cpu() && x.dtype() == DType::F32
+}
+
+/// `x / sqrt(mean(x²) + eps) * alpha` over the last dimension of `x`.
+pub(crate) fn rms_norm(x: &Tensor, alpha: &Tensor, eps: f32) -> Result<Tensor> {
+    if on_cpu_f32(x) && on_cpu_f32(alpha) {
+        Ok(x.contiguous()?.apply_op2_no_bwd(alpha, &RmsNorm { eps })?)
+    } else {
+        Ok(candle_nn::ops::rms_norm(x, alpha, eps)?)
+    }
+}
+
+struct RmsNorm {
+    eps: f32,
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        alphas: &CpuStorage,
+        al: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = contiguous(xs, xl, "rms-norm")?;
+        let alpha = contiguous(alphas, al, "rms-norm")?;
+        let n = alpha.len();
+        if xl.dims().last() != Some(&n) {
+            candle_core::bail!("rms-norm: input {:?} against {n} weights", xl.dims())
+        }
+        let mut out = vec![0f32; x.len()];
+        for_rows(&mut out, n, |r, dst| {
+            let src = &x[r * n..(r + 1) * n];
+            // candle-nn's steps: a sequential sum of squares, then one division and
+            // one product per value.
+            let sum2 = src.iter().map(|&v| v * v).sum::<f32>();
+            let m = (sum2 / n as f32 + self.eps).sqrt();
+            for ((d, &s), &a) in dst.iter_mut().zip(src).zip(alpha) {
+                *d = s / m * a;
+            }
+        });
+        Ok((CpuStorage::F32(out), xl.shape().clone()))
+    }
+}
+
+/// `x` (..., 2n), the gate in the first half of the last dimension and the up projection
+/// in the second: `silu(gate) * up`, (..., n).
+pub(crate) fn swiglu(x: &Tensor) -> Result<Tensor> {
+    if on_cpu_f32(x) {
+        Ok(x.contiguous()?.apply_op1_no_bwd(&SwiGlu)?)
+    } else {
+        Ok(candle_nn::ops::swiglu(x)?)
+    }
+}
+
+struct SwiGlu;
+
+impl CustomOp1 for SwiGlu {
+    fn name(&self) -> &'static str {
+        "swiglu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = contiguous(storage, layout, "swiglu")?;
+        let mut dims = layout.dims().to_vec();
+        let width = dims.last().copied().unwrap_or(0);
+        if width == 0 || width % 2 != 0 {
+            candle_core::bail!("swiglu expects an even last dimension, got {dims:?}")
+        }
+        let n = width / 2;
+        let mut out = vec![0f32; x.len() / 2];
+        for_rows(&mut out, n, |r, dst| {
+            let (gate, up) = x[r * width..(r + 1) * width].split_at(n);
+            // candle's silu, then its product.
+            for ((d, &g), &u) in dst.iter_mut().zip(gate).zip(up) {
+                *d = g / (1.0 + (-g).exp()) * u;
+            }
+        });
+        *dims.last_mut().expect("rank >= 1") = n;
+        Ok((CpuStorage::F32(out), Shape::from(dims)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Tensor};
+
+    fn values(seed: u32, n: usize, scale: f32) -> Vec<f32> {
+        let mut seed = seed;
+        (0..n)
+            .map(|_| {
+                seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                ((seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        v.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// Row counts the engine uses: one decoded token, a verification pass, prefill.
+    const ROWS: [usize; 4] = [1, 5, 9, 37];
+
+    #[test]
+    fn rms_norm_equals_candle_nns_bit_for_bit() {
+        for rows in ROWS {
+            let n = 96;
+            let x = Tensor::from_vec(values(3, rows * n, 4.0), (1, rows, n), &Device::Cpu);
+            let alpha = Tensor::from_vec(values(5, n, 1.5), n, &Device::Cpu).unwrap();
+            let x = x.unwrap();
+            let ours = super::rms_norm(&x, &alpha, 1e-5).unwrap();
+            let theirs = candle_nn::ops::rms_norm(&x, &alpha, 1e-5).unwrap();
+            assert_eq!(ours.dims(), theirs.dims());
+            assert_eq!(bits(&ours), bits(&theirs), "{rows} rows");
+        }
+    }
+
+    /// Including gates where e^-g under- or overflows, and zero.
+    #[test]
+    fn swiglu_equals_candles_bit_for_bit() {
+        for rows in ROWS {
+            let n = 48;
+            let mut v = values(7, rows * 2 * n, 12.0);
+            v[0] = -120.0;
+            v[1] = 95.0;
+            v[2] = 0.0;
+            let x = Tensor::from_vec(v, (1, rows, 2 * n), &Device::Cpu).unwrap();
+            let ours = super::swiglu(&x).unwrap();
+            let theirs = candle_nn::ops::swiglu(&x).unwrap();
+            assert_eq!(ours.dims(), theirs.dims());
+            assert_eq!(bits(&ours), bits(&theirs), "{rows} rows");
+        }
+    }
+}
