@@ -127,12 +127,11 @@ impl CustomOp3 for CacheAttention {
         while start < t {
             let len = self.block.min(t - start);
             let (rows, seen_by_block) = (group * len, self.offset + start + len);
-            let queries: Vec<f32> = (0..heads * rows)
-                .flat_map(|r| {
-                    let at = q0 + row_at(r / rows, r % rows, start, len);
-                    q[at..at + d].iter().copied()
-                })
-                .collect();
+            let mut queries = Vec::with_capacity(heads * rows * d);
+            for r in 0..heads * rows {
+                let at = q0 + row_at(r / rows, r % rows, start, len);
+                queries.extend_from_slice(&q[at..at + d]);
+            }
             SCORES.with(|cell| {
                 let mut scores = cell.borrow_mut();
                 let n = heads * rows * seen_by_block;
