@@ -972,6 +972,13 @@ pub struct BenchEngineArgs {
     #[arg(long, default_value_t = 256)]
     pub decode: usize,
 
+    /// Prefill's matrix products alone (`mmN`), by rows: every projection of every layer
+    /// on N rows, without attention and element-wise work; reports their GFLOP/s and the
+    /// tok/s they would allow prefill (which runs in blocks of 512 rows). `--projections`
+    /// with no value: none
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "512")]
+    pub projections: Vec<usize>,
+
     /// Memory rewrites to decode, by previous-memory size in tokens: the loop's update
     /// prompt, up to 256 new tokens, with one token per pass and with speculative
     /// drafting (--draft-tokens); reports decode tok/s of each, their ratio, acceptance

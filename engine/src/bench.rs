@@ -26,6 +26,10 @@ pub struct BenchResult {
     /// Forward passes and drafting of the generation (memory-rewrite cases).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub decoding: Option<DecodeStats>,
+    /// Floating-point operations per second of the median repetition, in billions
+    /// (projection cases).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gflop_per_second: Option<f64>,
 }
 
 /// Prefill of `tokens` prompt tokens (from `filler`), `repeats` times, median reported.
@@ -47,6 +51,31 @@ pub fn bench_prefill(
         let mut cache = transformer.new_cache(1, tokens);
         transformer.forward(std::slice::from_ref(&prompt), &mut cache)?;
         Ok(())
+    })
+}
+
+/// The model's projections alone on `rows` rows (`mm{rows}`): every matrix product of a
+/// prefill of that many tokens without its attention and element-wise work, so tokens per
+/// second is the ceiling those products put on prefill, reported with their GFLOP/s.
+pub fn bench_projections(model: &LocalModel, rows: usize, repeats: usize) -> Result<BenchResult> {
+    let transformer = model.transformer();
+    reset_peak_rss();
+    let mut runs = Vec::with_capacity(repeats);
+    for _ in 0..repeats.max(1) {
+        runs.push(transformer.time_projections(rows)?);
+    }
+    let seconds: Vec<f64> = runs.iter().map(|r| r.1).collect();
+    let mut sorted = runs.clone();
+    sorted.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let (flops, median) = sorted[sorted.len() / 2];
+    Ok(BenchResult {
+        test: format!("mm{rows}"),
+        tokens: rows,
+        seconds,
+        tokens_per_second: rows as f64 / median.max(f64::EPSILON),
+        peak_rss_bytes: peak_rss(),
+        decoding: None,
+        gflop_per_second: Some(flops / median.max(f64::EPSILON) / 1e9),
     })
 }
 
@@ -109,6 +138,7 @@ pub fn bench_rewrite(
             / median.max(f64::EPSILON),
         peak_rss_bytes: peak_rss(),
         decoding: Some(generation.decoding),
+        gflop_per_second: None,
     };
     Ok((result, generation.token_ids))
 }
@@ -210,6 +240,7 @@ pub fn bench_batch(
         tokens_per_second: decoded(&alone) as f64 / seconds.max(f64::EPSILON),
         peak_rss_bytes: peak_rss(),
         decoding: None,
+        gflop_per_second: None,
     };
     Ok((
         result(format!("bw{n}-alone"), alone_seconds),
@@ -240,6 +271,7 @@ fn measure(
         tokens_per_second: tokens as f64 / median,
         peak_rss_bytes: peak_rss(),
         decoding: None,
+        gflop_per_second: None,
     })
 }
 

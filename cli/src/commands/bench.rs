@@ -5,7 +5,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use memagent_engine::agent::MemoryAgent;
 use memagent_engine::bench::{
-    bench_batch, bench_decode, bench_prefill, bench_rewrite, BenchResult,
+    bench_batch, bench_decode, bench_prefill, bench_projections, bench_rewrite, BenchResult,
 };
 use memagent_tasks::{single_needle, Haystack, NeedleSample};
 use serde::Serialize;
@@ -34,6 +34,11 @@ pub fn engine(global: &GlobalArgs, args: &BenchEngineArgs) -> Result<()> {
     for &n in &args.prefill {
         let r =
             bench_prefill(&model, &filler, n, args.repeats).with_context(|| format!("pp{n}"))?;
+        report_progress(&r);
+        results.push(r);
+    }
+    for &rows in args.projections.iter().filter(|&&rows| rows > 0) {
+        let r = bench_projections(&model, rows, args.repeats)?;
         report_progress(&r);
         results.push(r);
     }
@@ -120,6 +125,15 @@ pub fn engine(global: &GlobalArgs, args: &BenchEngineArgs) -> Result<()> {
             "{:<10} {:>8} {:>10.1} {:>14} {:>9} {:>10} {:>9}",
             r.test, r.tokens, r.tokens_per_second, rss, speedup, accepted, per_pass
         )?;
+    }
+    for r in &results {
+        if let Some(rate) = r.gflop_per_second {
+            writeln!(
+                out,
+                "{}: the projections' matrix products alone run at {rate:.1} GFLOP/s",
+                r.test
+            )?;
+        }
     }
     Ok(())
 }

@@ -97,6 +97,61 @@ fn model_info_describes_the_default_model() {
     assert!(text.contains("Q4_1"), "{text}");
 }
 
+/// The engine benchmark's small cases: a prefill, the projections alone (with their
+/// GFLOP/s, which a prefill case does not carry) and none of the cases turned off.
+#[test]
+fn bench_engine_reports_prefill_and_the_projections_alone() {
+    let o = with_model(&[
+        "bench",
+        "engine",
+        "--prefill",
+        "32",
+        "--decode",
+        "0",
+        "--rewrite",
+        "--batch",
+        "0",
+        "--projections",
+        "16",
+        "--repeats",
+        "1",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let results = v["results"].as_array().unwrap();
+    let tests: Vec<&str> = results
+        .iter()
+        .map(|r| r["test"].as_str().unwrap())
+        .collect();
+    assert_eq!(tests, ["pp32", "mm16"]);
+    assert!(results[0].get("gflop_per_second").is_none());
+    assert_eq!(results[1]["tokens"], 16);
+    assert!(results[1]["gflop_per_second"].as_f64().unwrap() > 0.0);
+    assert!(results[1]["tokens_per_second"].as_f64().unwrap() > 0.0);
+    let o = with_model(&[
+        "bench",
+        "engine",
+        "--prefill",
+        "16",
+        "--decode",
+        "0",
+        "--rewrite",
+        "--batch",
+        "0",
+        "--projections",
+        "16",
+        "--repeats",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("mm16: the projections' matrix products alone run at"),
+        "{}",
+        stdout(&o)
+    );
+}
+
 #[test]
 fn generate_answers_a_prompt() {
     let o = with_model(&[

@@ -440,6 +440,27 @@ impl Transformer {
             .reshape((b, t, cfg.n_head * cfg.head_dim))?)
     }
 
+    /// Prefill's matrix products alone: every projection of every block (q/k/v, output,
+    /// gate/up, down) on `rows` rows of random inputs, timed without making the inputs.
+    /// Returns the floating-point operations done and the seconds they took.
+    pub fn time_projections(&self, rows: usize) -> Result<(f64, f64)> {
+        let cfg = &self.config;
+        let attn = cfg.n_head * cfg.head_dim;
+        let qkv = attn + 2 * cfg.n_kv_head * cfg.head_dim;
+        let input = |cols: usize| Tensor::rand(-1f32, 1f32, (rows, cols), &self.device);
+        let (x, a, ff) = (input(cfg.n_embd)?, input(attn)?, input(cfg.n_ff)?);
+        let start = std::time::Instant::now();
+        for block in &self.blocks {
+            block.wqkv.forward(&x)?;
+            block.wo.forward(&a)?;
+            block.w_gate_up.forward(&x)?;
+            block.w_down.forward(&ff)?;
+        }
+        let seconds = start.elapsed().as_secs_f64();
+        let macs = cfg.n_embd * (qkv + 2 * cfg.n_ff) + (attn + cfg.n_ff) * cfg.n_embd;
+        Ok((2.0 * (rows * macs * cfg.n_layer) as f64, seconds))
+    }
+
     fn check_input(&self, ids: &[Vec<u32>], cache: &KvCache) -> Result<(usize, usize)> {
         let b = ids.len();
         let t = ids.first().map_or(0, Vec::len);
