@@ -101,22 +101,27 @@ fn model_info_describes_the_default_model() {
 /// GFLOP/s, which a prefill case does not carry) and none of the cases turned off.
 #[test]
 fn bench_engine_reports_prefill_and_the_projections_alone() {
-    let o = with_model(&[
-        "bench",
-        "engine",
-        "--prefill",
-        "32",
-        "--decode",
-        "0",
-        "--rewrite",
-        "--batch",
-        "0",
-        "--projections",
-        "16",
-        "--repeats",
-        "1",
-        "--json",
-    ]);
+    // Everything but a 32-token prefill and the projections on 16 rows turned off.
+    let bench = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "engine",
+            "--prefill",
+            "32",
+            "--decode",
+            "0",
+            "--rewrite",
+            "--batch",
+            "0",
+            "--projections",
+            "16",
+            "--repeats",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        with_model(&args)
+    };
+    let o = bench(&["--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let results = v["results"].as_array().unwrap();
@@ -129,21 +134,7 @@ fn bench_engine_reports_prefill_and_the_projections_alone() {
     assert_eq!(results[1]["tokens"], 16);
     assert!(results[1]["gflop_per_second"].as_f64().unwrap() > 0.0);
     assert!(results[1]["tokens_per_second"].as_f64().unwrap() > 0.0);
-    let o = with_model(&[
-        "bench",
-        "engine",
-        "--prefill",
-        "16",
-        "--decode",
-        "0",
-        "--rewrite",
-        "--batch",
-        "0",
-        "--projections",
-        "16",
-        "--repeats",
-        "1",
-    ]);
+    let o = bench(&[]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
         stdout(&o).contains("mm16: the projections' matrix products alone run at"),
