@@ -872,7 +872,8 @@ pub struct BenchDaemonArgs {
     /// Numbers of watched files (one stream each) for the throughput runs
     #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
     pub streams: Vec<usize>,
-    /// Tokens written to each file in a throughput run
+    /// Tokens each stream reads in a throughput run, in whole chunks (rounded down to a
+    /// multiple of the chunk size); each file holds a quarter chunk more, left unread
     #[arg(long, default_value_t = 2048)]
     pub tokens: usize,
     /// Chunk-sized appends timed for the lag

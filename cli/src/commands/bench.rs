@@ -603,26 +603,33 @@ pub fn daemon(global: &GlobalArgs, args: &BenchDaemonArgs) -> Result<()> {
         }
     };
 
-    // Throughput: every file written at once, until every stream has read all of it.
+    // Throughput: every file written at once, until every stream has read its whole
+    // chunks. Each file holds a quarter chunk more than its whole chunks, and the idle
+    // interval is longer than the run, so no stream reads a short tail: every run does
+    // the same steps per stream, of C tokens each, and their rates compare.
+    let chunks_per_stream = args.tokens / chunk_tokens;
+    if chunks_per_stream == 0 {
+        bail!(
+            "--tokens {} is less than one chunk ({chunk_tokens} tokens): give at least \
+             {chunk_tokens}",
+            args.tokens
+        );
+    }
     let mut runs = Vec::new();
     for &streams in &args.streams {
-        let daemon = BenchDaemon::start(global, &format!("s{streams}"), 2.0)?;
-        let mut expected = Vec::new();
+        let daemon = BenchDaemon::start(global, &format!("s{streams}"), 86_400.0)?;
+        let mut names = Vec::new();
         let started = Instant::now();
         for i in 0..streams {
             let name = format!("stream-{i:02}.txt");
-            let text = piece(i, args.tokens);
+            let text = piece(i, chunks_per_stream * chunk_tokens + chunk_tokens / 4);
             std::fs::write(daemon.folder.join(&name), &text)?;
-            expected.push((name, text.len() as u64));
+            names.push(name);
         }
-        daemon.until("every stream to read its file", |rows| {
-            expected.iter().all(|(name, bytes)| {
-                rows.iter().any(|r| {
-                    r["stream"] == name.as_str()
-                        && r["log_bytes"].as_u64() == Some(*bytes)
-                        && r["pending_bytes"] == 0
-                })
-            })
+        daemon.until("every stream to read its whole chunks", |rows| {
+            names
+                .iter()
+                .all(|name| version_of(rows, name) >= chunks_per_stream as u64)
         })?;
         let seconds = started.elapsed().as_secs_f64();
         let rows = daemon.streams()?;
@@ -635,6 +642,7 @@ pub fn daemon(global: &GlobalArgs, args: &BenchDaemonArgs) -> Result<()> {
             .sum();
         let row = serde_json::json!({
             "streams": streams,
+            "chunks_per_stream": chunks_per_stream,
             "tokens": tokens,
             "steps": steps,
             "seconds": seconds,
