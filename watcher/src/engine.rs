@@ -15,8 +15,12 @@ use tokio::sync::oneshot;
 /// What a step request did.
 #[derive(Debug)]
 pub enum Step {
-    /// A chunk was read into memory and committed.
-    Done(Box<StepOutcome>),
+    /// A chunk was read into memory and committed; `backlog`: another whole chunk is
+    /// already pending.
+    Done {
+        outcome: Box<StepOutcome>,
+        backlog: bool,
+    },
     /// Less than a chunk is pending and the request asked for a full one.
     NotReady { pending_tokens: u32 },
     /// Nothing is pending.
@@ -224,7 +228,10 @@ fn steps(
     let names: Vec<&str> = ready.iter().map(|(_, name)| *name).collect();
     for ((i, name), outcome) in ready.iter().zip(ingestor.step_many(&names)) {
         outcomes[*i] = match outcome {
-            Ok(Some(outcome)) => Ok(Step::Done(Box::new(outcome))),
+            Ok(Some(outcome)) => Ok(Step::Done {
+                outcome: Box::new(outcome),
+                backlog: matches!(check(name, true), Ok(None)),
+            }),
             Ok(None) => Ok(Step::Nothing),
             Err(e) => Err(failed(name, e)),
         };

@@ -1,10 +1,15 @@
 //! Which stream the engine reads next: a stream is due when a whole chunk is pending, or
 //! when it has been idle for a while with a partial chunk (so a paused chat is still
-//! remembered). Due streams are served round robin, one chunk each, in batches of up to
-//! four streams decoded together; only one batch is in flight, so a query waits for at
-//! most one batch.
+//! remembered). Due streams are served one chunk each, in batches of up to four streams
+//! decoded together; only one batch is in flight, so a query waits for at most one batch.
+//!
+//! A stream that received new text since its last step, or whose last step left less
+//! than a chunk to read (a conversation's next turns), goes ahead of the streams still
+//! working through a backlog (a folder added with years of notes), so it is read in the
+//! next batch instead of after a whole round of the backlog. The backlog keeps at least one place in every batch, and within each
+//! group the stream stepped least recently goes first (round robin).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -96,7 +101,10 @@ impl Scheduler {
         let started = Instant::now();
         let mut last_arrival: HashMap<String, Instant> = HashMap::new();
         let mut failed: HashMap<String, Instant> = HashMap::new();
-        let mut last_served: Option<String> = None;
+        // When each stream's last step was sent to the engine.
+        let mut last_step: HashMap<String, Instant> = HashMap::new();
+        // Streams whose last step left another whole chunk pending.
+        let mut backlog: HashSet<String> = HashSet::new();
         loop {
             while let Ok(arrival) = arrivals.try_recv() {
                 self.arrived(&mut last_arrival, arrival);
@@ -111,19 +119,23 @@ impl Scheduler {
                     Vec::new()
                 }
             };
-            // Round robin: start after the stream served last.
-            let start = last_served
-                .as_ref()
-                .and_then(|s| pending.iter().position(|p| p == s))
-                .map_or(0, |i| i + 1);
-            let order = pending[start..].iter().chain(&pending[..start]);
+            // Fresh: one step catches the stream up, or its text arrived since its last
+            // step; the rest are working through a backlog.
+            let fresh = |s: &str| {
+                !backlog.contains(s)
+                    || match (last_arrival.get(s), last_step.get(s)) {
+                        (Some(arrived), Some(stepped)) => arrived > stepped,
+                        _ => true,
+                    }
+            };
+            let order = serve_order(&pending, fresh, &last_step);
             let mut wake: Option<Instant> = None;
             let mut served = false;
-            // Every due stream in round-robin order; the engine steps the first ones
-            // with a chunk to read as one batch and defers the rest to the next round.
+            // Every due stream in serving order; the engine steps the first ones with a
+            // chunk to read as one batch and defers the rest to the next round.
             let mut due: Vec<(String, bool)> = Vec::new();
             let mut idle_ats = Vec::new();
-            for stream in order {
+            for stream in &order {
                 if let Some(until) = failed.get(stream).map(|at| *at + RETRY_AFTER) {
                     if Instant::now() < until {
                         wake = Some(wake.map_or(until, |w| w.min(until)));
@@ -143,6 +155,7 @@ impl Scheduler {
                     .map(|(s, _)| s.as_str())
                     .collect();
                 self.stats.lock().expect("stats").busy = Some(names.join(", "));
+                let sent = Instant::now();
                 let outcomes = match self.engine.steps(due.clone()).await {
                     Ok(outcomes) => outcomes,
                     Err(e) => due.iter().map(|_| Err(e.clone())).collect(),
@@ -150,18 +163,26 @@ impl Scheduler {
                 self.stats.lock().expect("stats").busy = None;
                 let stepped = outcomes
                     .iter()
-                    .filter(|o| matches!(o, Ok(Step::Done(_))))
+                    .filter(|o| matches!(o, Ok(Step::Done { .. })))
                     .count();
                 if stepped > 1 {
                     tracing::info!("stepped {stepped} streams in one batch");
                 }
                 for (((stream, _), idle_at), outcome) in due.iter().zip(idle_ats).zip(outcomes) {
                     match outcome {
-                        Ok(Step::Done(step)) => {
+                        Ok(Step::Done {
+                            outcome: step,
+                            backlog: more,
+                        }) => {
                             tracing::info!("{stream}: {step}");
                             self.stats.lock().expect("stats").stepped(stream, &step);
                             self.answer_standing(stream, &step.version).await;
-                            last_served = Some(stream.clone());
+                            last_step.insert(stream.clone(), sent);
+                            if more {
+                                backlog.insert(stream.clone());
+                            } else {
+                                backlog.remove(stream);
+                            }
                             served = true;
                         }
                         Ok(Step::NotReady { pending_tokens }) => {
@@ -220,5 +241,101 @@ impl Scheduler {
             }
         }
         Ok(out)
+    }
+}
+
+/// The order in which `pending` streams (by name) are offered to the engine, which steps
+/// the first [`MAX_BATCH`] that are ready. Streams with text that arrived since their
+/// last step (`fresh`) come first, up to one place short of a batch while other streams
+/// wait, then the others, then any other fresh streams; within each group, the stream
+/// stepped least recently (`last_step`; never is earliest) first, by name on ties.
+fn serve_order(
+    pending: &[String],
+    fresh: impl Fn(&str) -> bool,
+    last_step: &HashMap<String, Instant>,
+) -> Vec<String> {
+    let mut order: Vec<&String> = pending.iter().collect();
+    order.sort_by_key(|s| (last_step.get(*s), *s));
+    let (mut first, waiting): (Vec<&String>, Vec<&String>) =
+        order.into_iter().partition(|s| fresh(s));
+    let ahead = if waiting.is_empty() {
+        first.len()
+    } else {
+        first.len().min(MAX_BATCH - 1)
+    };
+    let after = first.split_off(ahead);
+    first
+        .into_iter()
+        .chain(waiting)
+        .chain(after)
+        .cloned()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// Steps at one-second intervals, in the order given.
+    fn stepped(list: &[&str]) -> HashMap<String, Instant> {
+        let t0 = Instant::now();
+        list.iter()
+            .enumerate()
+            .map(|(i, s)| (s.to_string(), t0 + Duration::from_secs(i as u64)))
+            .collect()
+    }
+
+    #[test]
+    fn streams_without_new_text_are_served_least_recently_stepped_first() {
+        let pending = names(&["a", "b", "c", "d"]);
+        let none = |_: &str| false;
+        // Never stepped: by name.
+        assert_eq!(serve_order(&pending, none, &HashMap::new()), pending);
+        assert_eq!(
+            serve_order(&pending, none, &stepped(&["c", "a", "b"])),
+            names(&["d", "c", "a", "b"])
+        );
+    }
+
+    #[test]
+    fn new_text_goes_ahead_of_a_backlog() {
+        let pending = names(&["a", "b", "chat", "d"]);
+        let last = stepped(&["b", "d", "a", "chat"]);
+        assert_eq!(
+            serve_order(&pending, |s| s == "chat", &last),
+            names(&["chat", "b", "d", "a"])
+        );
+    }
+
+    #[test]
+    fn a_backlog_keeps_a_place_in_every_batch() {
+        let new: Vec<String> = (0..6).map(|i| format!("new{i}")).collect();
+        let mut pending = new.clone();
+        pending.push("old".to_string());
+        let last = stepped(&["old"]);
+        let fresh = |s: &str| s.starts_with("new");
+        let order = serve_order(&pending, fresh, &last);
+        assert_eq!(order.len(), pending.len());
+        assert_eq!(order[MAX_BATCH - 1], "old");
+        assert_eq!(order[..MAX_BATCH - 1], new[..MAX_BATCH - 1]);
+        assert_eq!(order[MAX_BATCH..], new[MAX_BATCH - 1..]);
+        // With nothing else waiting, a batch is all fresh streams.
+        assert_eq!(serve_order(&new, fresh, &last), new);
+    }
+
+    #[test]
+    fn fresh_streams_take_turns() {
+        // Six streams that always have new text: a batch of four, then the two left out
+        // go first.
+        let pending: Vec<String> = (0..6).map(|i| format!("s{i}")).collect();
+        let order = serve_order(&pending, |_| true, &HashMap::new());
+        assert_eq!(order, pending);
+        let last = stepped(&["s0", "s1", "s2", "s3"]);
+        let order = serve_order(&pending, |_| true, &last);
+        assert_eq!(order[..2], pending[4..]);
     }
 }

@@ -12,6 +12,7 @@ mod crash;
 mod mcp;
 mod proxy;
 mod query;
+mod scheduling;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
