@@ -133,7 +133,7 @@ impl CausalSoftmax {
     fn run(&self, data: &mut [f32], keys: usize) {
         let rows = data.len() / keys;
         let ptr = data.as_mut_ptr() as usize;
-        candle_core::utils::barrier_pool().execute_chunked(rows, |range| {
+        super::pool::for_chunks(rows, |range| {
             for r in range {
                 // SAFETY: rows are disjoint slices of `data`, each visited by one task.
                 let row = unsafe {

@@ -120,7 +120,6 @@ impl CustomOp3 for CacheAttention {
         let row_at = |h: usize, i: usize, start: usize, len: usize| {
             ((h * group + i / len) * t + start + i % len) * d
         };
-        let pool = candle_core::utils::barrier_pool();
         let mut out = vec![0f32; b * n_head * t * d];
         let out_ptr = out.as_mut_ptr() as usize;
         let mut start = 0;
@@ -143,7 +142,7 @@ impl CustomOp3 for CacheAttention {
 
                 // Scores: every key of a chunk against all rows of its head.
                 let chunks = keys.div_ceil(KEY_CHUNK);
-                pool.execute_chunked(heads * chunks, |range| {
+                super::pool::for_chunks(heads * chunks, |range| {
                     for unit in range {
                         let (h, chunk) = (unit / chunks, unit % chunks);
                         let from = chunk * KEY_CHUNK;
@@ -160,7 +159,7 @@ impl CustomOp3 for CacheAttention {
 
                 // Causal softmax of every row, exactly as on the matmul path.
                 let first = self.offset + start;
-                pool.execute_chunked(heads * rows, |range| {
+                super::pool::for_chunks(heads * rows, |range| {
                     for r in range {
                         // SAFETY: rows are disjoint slices of the scores, one task each.
                         let row = unsafe {
@@ -180,7 +179,7 @@ impl CustomOp3 for CacheAttention {
                 let kc = value_block(rows, keys, d);
                 let (col_blocks, row_chunks) = (d / 32, rows.div_ceil(ROW_CHUNK));
                 let scores = &scores[..n];
-                pool.execute_chunked(heads * col_blocks * row_chunks, |range| {
+                super::pool::for_chunks(heads * col_blocks * row_chunks, |range| {
                     let mut sums = [0f32; ROW_CHUNK * 32];
                     for unit in range {
                         let h = unit / (col_blocks * row_chunks);

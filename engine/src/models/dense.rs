@@ -80,7 +80,7 @@ impl CustomOp2 for MatmulT {
             out.as_mut_ptr() as usize,
         );
         let blocks = feature_blocks(n);
-        candle_core::utils::barrier_pool().execute_chunked(blocks.len(), |tasks| {
+        super::pool::for_chunks(blocks.len(), |tasks| {
             for features in &blocks[tasks] {
                 // SAFETY: x is (m, k) and w (n, k), contiguous from the pointers taken
                 // above; each task writes the output columns of its own features, within

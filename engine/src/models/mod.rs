@@ -11,6 +11,7 @@ mod cache_attention;
 mod dense;
 mod linear;
 mod llama;
+mod pool;
 mod q4_1;
 mod qwen2;
 mod rowwise;

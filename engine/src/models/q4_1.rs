@@ -340,21 +340,18 @@ impl CustomOp1 for Q4_1Matrix {
         let mut out_t = vec![0f32; self.n * m];
         let out_ptr = out_t.as_mut_ptr() as usize;
         // candle's own pool: one set of engine threads, no second pool competing for cores.
-        candle_core::utils::barrier_pool().execute_chunked(
-            self.n.div_ceil(ROWS_PER_TASK),
-            |tasks| {
-                for task in tasks {
-                    for j in task * ROWS_PER_TASK..self.n.min((task + 1) * ROWS_PER_TASK) {
-                        // SAFETY: each output row j (m cells) is written by exactly one
-                        // task, inside the n * m buffer that outlives the pool call.
-                        let cells = unsafe {
-                            std::slice::from_raw_parts_mut((out_ptr as *mut f32).add(j * m), m)
-                        };
-                        dots(self.row(j), &rows, cells);
-                    }
+        super::pool::for_chunks(self.n.div_ceil(ROWS_PER_TASK), |tasks| {
+            for task in tasks {
+                for j in task * ROWS_PER_TASK..self.n.min((task + 1) * ROWS_PER_TASK) {
+                    // SAFETY: each output row j (m cells) is written by exactly one
+                    // task, inside the n * m buffer that outlives the pool call.
+                    let cells = unsafe {
+                        std::slice::from_raw_parts_mut((out_ptr as *mut f32).add(j * m), m)
+                    };
+                    dots(self.row(j), &rows, cells);
                 }
-            },
-        );
+            }
+        });
         let out = if m == 1 {
             out_t
         } else {

@@ -26,7 +26,7 @@ fn for_rows(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync)
         return;
     }
     let out_ptr = out.as_mut_ptr() as usize;
-    candle_core::utils::barrier_pool().execute_chunked(rows.div_ceil(ROWS_PER_TASK), |tasks| {
+    super::pool::for_chunks(rows.div_ceil(ROWS_PER_TASK), |tasks| {
         for task in tasks {
             for r in task * ROWS_PER_TASK..rows.min((task + 1) * ROWS_PER_TASK) {
                 // SAFETY: row r (width cells) is written by exactly one task, inside
