@@ -11,7 +11,7 @@ use memagent_store::{Store, GENERAL};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::{test_root, wait_for, Daemon};
+use crate::{test_root, wait_for, Daemon, QUICK_STEPS};
 
 /// Appends lines to `file` until `stop`, each line in two writes (a line may be cut
 /// anywhere, even inside a character), about one line per `pace` milliseconds; returns
@@ -58,18 +58,7 @@ fn the_daemon_survives_sigkill_while_writers_append() {
             file.display()
         ));
     }
-    let mut daemon = Daemon::start(
-        &root,
-        &config,
-        &[
-            "--idle-seconds",
-            "0.5",
-            "--chunk-tokens",
-            "64",
-            "--memory-tokens",
-            "24",
-        ],
-    );
+    let mut daemon = Daemon::start(&root, &config, &QUICK_STEPS);
 
     // The writers: about six lines a second to the journal, three to each other file.
     let stop = Arc::new(AtomicBool::new(false));

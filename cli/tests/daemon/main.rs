@@ -30,6 +30,17 @@ pub fn model_path() -> PathBuf {
         })
 }
 
+/// Daemon arguments for fast steps: 64-token chunks, 24-token memories, and partial
+/// chunks read after half a second idle.
+pub const QUICK_STEPS: [&str; 6] = [
+    "--idle-seconds",
+    "0.5",
+    "--chunk-tokens",
+    "64",
+    "--memory-tokens",
+    "24",
+];
+
 /// A fresh folder for one test.
 pub fn test_root(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("memctl-daemon-{name}-{}", std::process::id()));

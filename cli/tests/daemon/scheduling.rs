@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::{append, test_root, wait_for, Daemon};
+use crate::{append, test_root, wait_for, Daemon, QUICK_STEPS};
 
 const BACKLOG: usize = 12;
 /// Steps one batch takes at most (the daemon's `MAX_BATCH`).
@@ -41,18 +41,7 @@ fn an_append_to_a_caught_up_stream_goes_ahead_of_the_backlog() {
     let chat = watched.join("chat.txt");
     std::fs::write(&chat, "Priya: my sister moved to Porto.\n").unwrap();
     let config = format!("[[watch]]\npath = \"{}\"\n", watched.display());
-    let mut daemon = Daemon::start(
-        &root,
-        &config,
-        &[
-            "--idle-seconds",
-            "0.5",
-            "--chunk-tokens",
-            "64",
-            "--memory-tokens",
-            "24",
-        ],
-    );
+    let mut daemon = Daemon::start(&root, &config, &QUICK_STEPS);
     let version = |status: &serde_json::Value, stream: &str| {
         status["streams"]
             .as_array()
