@@ -6,8 +6,9 @@
 //! A stream that received new text since its last step, or whose last step left less
 //! than a chunk to read (a conversation's next turns), goes ahead of the streams still
 //! working through a backlog (a folder added with years of notes), so it is read in the
-//! next batch instead of after a whole round of the backlog. The backlog keeps at least one place in every batch, and within each
-//! group the stream stepped least recently goes first (round robin).
+//! next batch instead of after a whole round of the backlog. The backlog keeps at least
+//! one place in every batch, and within each group the stream stepped least recently goes
+//! first (round robin).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
