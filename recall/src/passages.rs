@@ -1,0 +1,275 @@
+//! Cutting a stream's text into passages: a chat turn (short consecutive turns share
+//! one), or a window of a paragraph of about 60–160 words, long paragraphs in windows
+//! that overlap by [`OVERLAP_WORDS`].
+//!
+//! Passages close only inside complete lines, from the text before each boundary, so
+//! cutting a log piece by piece as it grows gives the same passages as cutting it
+//! whole: the closed passages are final; what follows the last of them (the open tail)
+//! is cut provisionally, the same way as if its last line were complete, and cut again
+//! from its start when more text arrives.
+
+/// A paragraph that ends (a blank line) closes its passage once it holds this many words.
+pub const MIN_WORDS: usize = 60;
+/// A passage closes at this many words; the next one starts [`OVERLAP_WORDS`] back.
+pub const MAX_WORDS: usize = 160;
+pub const OVERLAP_WORDS: usize = 32;
+/// A new chat turn starts a new passage unless the current one is shorter than this.
+pub const TURN_SHARE_WORDS: usize = 40;
+/// Longer runs without whitespace (hashes, base64) are counted as words of this many bytes.
+pub const WORD_BYTES: usize = 48;
+
+/// A passage: bytes `[start, end)` of the text it was cut from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Span {
+    pub start: usize,
+    pub end: usize,
+}
+
+/// The passages of `text`: the closed (final) ones, then those of the open tail, cut
+/// provisionally. `tail` is where the open tail starts (the text's end when there is
+/// none): cutting again from there reproduces it and whatever follows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cut {
+    pub closed: Vec<Span>,
+    pub open: Vec<Span>,
+    pub tail: usize,
+}
+
+/// Whether a line starts a chat turn as memagent renders them:
+/// `[time] role (name): …` or `role: …`, role one of the OpenAI roles.
+pub fn is_turn(line: &str) -> bool {
+    let rest = match line.strip_prefix('[') {
+        Some(r) => match r.find("] ") {
+            Some(i) => &r[i + 2..],
+            None => return false,
+        },
+        None => line,
+    };
+    ["user", "assistant", "system", "tool", "developer"]
+        .iter()
+        .any(|role| {
+            rest.strip_prefix(role)
+                .is_some_and(|r| r.starts_with(": ") || r.starts_with(" ("))
+        })
+}
+
+/// The time of a chat turn (`[2026-11-20 09:13] user: …` gives `2026-11-20 09:13`).
+pub fn turn_time(passage: &str) -> Option<&str> {
+    let line = passage.trim_start();
+    let rest = line.strip_prefix('[')?;
+    let end = rest.find("] ")?;
+    is_turn(line).then(|| &rest[..end])
+}
+
+/// Word spans of `line` (offsets into it): runs without whitespace, long runs in
+/// pieces of at most [`WORD_BYTES`] bytes.
+fn words(line: &str) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let rest = &line[at..];
+        let skip = rest.len() - rest.trim_start().len();
+        let start = at + skip;
+        if start >= line.len() {
+            return None;
+        }
+        let mut end = start;
+        for (i, c) in line[start..].char_indices() {
+            if c.is_whitespace() || i + c.len_utf8() > WORD_BYTES {
+                break;
+            }
+            end = start + i + c.len_utf8();
+        }
+        at = end;
+        Some((start, end))
+    })
+}
+
+/// Cuts `text` into passages (see the module documentation).
+pub fn cut(text: &str) -> Cut {
+    let (closed, tail) = cut_lines(text, false);
+    let (mut open, rest) = cut_lines(&text[tail..], true);
+    if rest < text.len() - tail {
+        open.push(Span {
+            start: rest,
+            end: text.len() - tail,
+        });
+    }
+    for span in &mut open {
+        span.start += tail;
+        span.end += tail;
+    }
+    Cut { closed, open, tail }
+}
+
+/// The passages closed inside complete lines (with `last_complete`, the last line
+/// counts as complete), and where the unclosed rest starts.
+fn cut_lines(text: &str, last_complete: bool) -> (Vec<Span>, usize) {
+    let mut closed = Vec::new();
+    let mut start = 0usize;
+    // Start offsets of the words of the passage being built.
+    let mut word_starts: Vec<usize> = Vec::new();
+    let mut line_start = 0usize;
+    while line_start < text.len() {
+        let line_end = text[line_start..]
+            .find('\n')
+            .map_or(text.len(), |i| line_start + i + 1);
+        let complete = last_complete || text.as_bytes()[line_end - 1] == b'\n';
+        if !complete {
+            break;
+        }
+        let line = &text[line_start..line_end];
+        if line_start > start && word_starts.len() >= TURN_SHARE_WORDS && is_turn(line) {
+            closed.push(Span {
+                start,
+                end: line_start,
+            });
+            start = line_start;
+            word_starts.clear();
+        }
+        for (ws, we) in words(line) {
+            let (ws, we) = (line_start + ws, line_start + we);
+            word_starts.push(ws);
+            if word_starts.len() >= MAX_WORDS {
+                closed.push(Span { start, end: we });
+                let keep = word_starts.len() - OVERLAP_WORDS;
+                word_starts.drain(..keep);
+                start = word_starts[0];
+            }
+        }
+        if line.trim().is_empty() && word_starts.len() >= MIN_WORDS {
+            closed.push(Span {
+                start,
+                end: line_end,
+            });
+            start = line_end;
+            word_starts.clear();
+        }
+        line_start = line_end;
+    }
+    // Nothing but whitespace after the last passage: the tail starts at the end.
+    let rest = if text[start..].trim().is_empty() {
+        text.len()
+    } else {
+        start
+    };
+    (closed, rest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn texts<'a>(text: &'a str, cut: &Cut) -> Vec<&'a str> {
+        cut.closed
+            .iter()
+            .chain(cut.open.iter())
+            .map(|s| &text[s.start..s.end])
+            .collect()
+    }
+
+    fn words_n(n: usize, tag: &str) -> String {
+        (0..n)
+            .map(|i| format!("{tag}{i}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    #[test]
+    fn chat_turns_are_passages_and_short_ones_share() {
+        let long = words_n(45, "w");
+        let text = format!(
+            "[2026-11-20 09:13] user (Priya): hi\nassistant: hello\nuser: {long}\nassistant: {long}\n"
+        );
+        let c = cut(&text);
+        let t = texts(&text, &c);
+        assert_eq!(t.len(), 2, "{t:?}");
+        assert!(t[0].starts_with("[2026-11-20 09:13] user (Priya): hi\nassistant: hello\nuser: w0"));
+        assert!(t[1].starts_with("assistant: w0"));
+        assert_eq!(turn_time(t[0]), Some("2026-11-20 09:13"));
+        assert_eq!(turn_time(t[1]), None);
+    }
+
+    #[test]
+    fn long_paragraphs_are_windows_that_overlap() {
+        let text = format!("{}\n", words_n(400, "x"));
+        let c = cut(&text);
+        let t = texts(&text, &c);
+        assert_eq!(c.closed.len(), 2);
+        assert_eq!(t[0].split_whitespace().count(), MAX_WORDS);
+        assert!(t[1].starts_with(&format!("x{} ", MAX_WORDS - OVERLAP_WORDS)));
+        assert!(t.iter().all(|p| p.split_whitespace().count() <= MAX_WORDS));
+    }
+
+    #[test]
+    fn paragraphs_close_at_blank_lines_once_long_enough() {
+        let a = words_n(70, "a");
+        let b = words_n(10, "b");
+        let text = format!("{a}\n\n{b}\n\n{a}\n");
+        let t = texts(&text, &cut(&text));
+        assert_eq!(t.len(), 2, "{t:?}");
+        assert!(t[1].starts_with("b0"), "a short paragraph joins the next");
+    }
+
+    #[test]
+    fn cutting_piece_by_piece_equals_cutting_whole() {
+        let mut text = String::new();
+        for i in 0..40 {
+            text.push_str(&format!("user: {}\n", words_n(i * 7 % 90 + 1, "t")));
+            if i % 5 == 0 {
+                text.push_str(&format!("\n{}\n\n", words_n(i * 13 % 300, "p")));
+            }
+        }
+        text.push_str(&"z".repeat(1000));
+        let whole = cut(&text);
+        let shift = |spans: &[Span], by: usize| -> Vec<Span> {
+            spans
+                .iter()
+                .map(|s| Span {
+                    start: s.start + by,
+                    end: s.end + by,
+                })
+                .collect()
+        };
+        for step in [1usize, 7, 61, 500] {
+            let mut spans = Vec::new();
+            let mut open = Vec::new();
+            let mut tail = 0;
+            let mut len = 0;
+            while len < text.len() {
+                len = (len + step).min(text.len());
+                while !text.is_char_boundary(len) {
+                    len += 1;
+                }
+                let c = cut(&text[tail..len]);
+                spans.extend(shift(&c.closed, tail));
+                open = shift(&c.open, tail);
+                tail += c.tail;
+            }
+            assert_eq!(spans, whole.closed, "step {step}");
+            assert_eq!(open, whole.open, "step {step}");
+        }
+    }
+
+    #[test]
+    fn huge_words_and_empty_text_are_bounded() {
+        assert_eq!(
+            cut(""),
+            Cut {
+                closed: vec![],
+                open: vec![],
+                tail: 0
+            }
+        );
+        assert!(cut("\n\n  \n").open.is_empty());
+        // A megabyte without a newline: no final passage yet, provisional windows.
+        let text = "é".repeat(500_000);
+        let c = cut(&text);
+        assert!(c.closed.is_empty());
+        assert!(c.open.len() > 100);
+        let all = c.closed.iter().chain(c.open.iter());
+        assert!(all
+            .clone()
+            .all(|s| s.end - s.start <= MAX_WORDS * WORD_BYTES + MAX_WORDS));
+        assert_eq!(all.last().map(|s| s.end), Some(text.len()));
+    }
+}

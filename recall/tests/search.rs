@@ -1,0 +1,187 @@
+//! The passage index on disk with the real embedder (all-MiniLM-L6-v2, installed by
+//! scripts/fetch-model): search by words and by meaning, provenance, catching up piece
+//! by piece equal to a rebuild, and hostile logs.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use memagent_recall::{Embedder, Hit, LogSource, Origin, Recall, SearchRequest};
+
+fn embedder() -> Arc<Embedder> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/all-MiniLM-L6-v2");
+    assert!(
+        dir.join("model.safetensors").is_file(),
+        "{} is missing: run scripts/fetch-model",
+        dir.display()
+    );
+    Arc::new(Embedder::load(&dir).expect("load the embedder"))
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("memagent-recall-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Syncs `log[..len]` as stream 1, with each byte's origin its line in "notes.md".
+fn sync(recall: &Recall, log: &[u8], len: usize) {
+    let read = |from: u64, to: u64| Ok(log[from as usize..to as usize].to_vec());
+    let origin = |at: u64| Origin {
+        source: Some("notes.md".into()),
+        line: Some(log[..at as usize].iter().filter(|&&b| b == b'\n').count() as u64 + 1),
+    };
+    let source = LogSource {
+        id: 1,
+        name: "notes",
+        len: len as u64,
+        read: &read,
+        origin: &origin,
+    };
+    recall.sync(&source, &mut |_| {}).expect("sync");
+}
+
+fn search(recall: &Recall, text: &str, k: usize) -> Vec<Hit> {
+    recall
+        .search(&SearchRequest {
+            text,
+            streams: None,
+            k,
+        })
+        .expect("search")
+}
+
+fn document() -> String {
+    let filler = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/data/filler.txt"),
+    )
+    .expect("filler");
+    let paragraphs: Vec<&str> = filler
+        .split("\n\n")
+        .filter(|p| !p.trim().is_empty())
+        .collect();
+    let mut doc = String::new();
+    for (i, p) in paragraphs.iter().cycle().take(40).enumerate() {
+        if i == 17 {
+            doc.push_str(
+                "The wifi code at our lake house is pinecone42; the router sits behind the \
+                 bookshelf in the hall.\n\n",
+            );
+        }
+        doc.push_str(p.trim());
+        doc.push_str("\n\n");
+    }
+    doc
+}
+
+#[test]
+fn finds_a_passage_by_words_and_by_paraphrase_with_its_provenance() {
+    let dir = temp_dir("find");
+    let recall = Recall::open(&dir, Some(embedder())).unwrap();
+    let doc = document();
+    sync(&recall, doc.as_bytes(), doc.len());
+
+    let hits = search(&recall, "wifi code lake house", 3);
+    let top = &hits[0];
+    assert!(top.text.contains("pinecone42"), "{hits:#?}");
+    assert_eq!(top.bm25_rank, Some(1));
+    // Provenance: the byte range holds the text, and the line is the line it starts on.
+    assert_eq!(&doc[top.start as usize..top.end as usize], top.text);
+    let line = doc[..top.start as usize].matches('\n').count() as u64 + 1;
+    assert_eq!(top.line, Some(line));
+    assert_eq!(top.source.as_deref(), Some("notes.md"));
+
+    // No word of the question in the passage but stop words: found by meaning.
+    let hits = search(
+        &recall,
+        "How do I get on the internet at the cottage by the lake?",
+        3,
+    );
+    let found = hits.iter().find(|h| h.text.contains("pinecone42"));
+    assert!(
+        found.is_some_and(|h| h.vector_rank == Some(1)),
+        "the paraphrase should rank the passage first by meaning: {hits:#?}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn indexing_piece_by_piece_and_after_a_reopen_equals_a_rebuild() {
+    let doc = document();
+    let pieces = temp_dir("pieces");
+    {
+        let recall = Recall::open(&pieces, Some(embedder())).unwrap();
+        let mut len = 0;
+        let n = doc.len();
+        for step in [n / 5, 1, n / 40, n / 3, 3] {
+            len = (len + step).min(n);
+            while !doc.is_char_boundary(len) {
+                len += 1;
+            }
+            sync(&recall, doc.as_bytes(), len);
+        }
+    }
+    // Reopened: it catches up from the state it committed.
+    let recall = Recall::open(&pieces, Some(embedder())).unwrap();
+    assert!(recall.stream_state(1).len < doc.len() as u64);
+    sync(&recall, doc.as_bytes(), doc.len());
+
+    let fresh_dir = temp_dir("fresh");
+    let fresh = Recall::open(&fresh_dir, Some(embedder())).unwrap();
+    sync(&fresh, doc.as_bytes(), doc.len());
+    assert_eq!(
+        recall.count(Some(1)).unwrap(),
+        fresh.count(Some(1)).unwrap()
+    );
+    for q in [
+        "wifi code",
+        "what makes a startup grow",
+        "the bookshelf in the hall",
+    ] {
+        let a: Vec<_> = search(&recall, q, 10);
+        let b: Vec<_> = search(&fresh, q, 10);
+        assert_eq!(a, b, "results for {q:?} differ from a rebuild's");
+    }
+    // A reset removes every passage of the stream.
+    recall.reset(Some(1)).unwrap();
+    assert_eq!(recall.count(Some(1)).unwrap(), 0);
+    assert!(search(&recall, "wifi code", 5).is_empty());
+    std::fs::remove_dir_all(&pieces).ok();
+    std::fs::remove_dir_all(&fresh_dir).ok();
+}
+
+#[test]
+fn empty_huge_and_invalid_logs_are_indexed_without_failing() {
+    let dir = temp_dir("hostile");
+    let recall = Recall::open(&dir, Some(embedder())).unwrap();
+    sync(&recall, b"", 0);
+    assert_eq!(recall.count(None).unwrap(), 0);
+    // Invalid UTF-8 in the middle: read as spaces, offsets kept.
+    let mut log = b"alpha beta \xff\xfe gamma delta\n".to_vec();
+    sync(&recall, &log, log.len());
+    let hits = search(&recall, "gamma", 1);
+    assert_eq!(hits.len(), 1);
+    assert_eq!(hits[0].end as usize, log.len());
+    // One megabyte without a newline: provisional windows, each bounded.
+    log.extend(std::iter::repeat_n(b'x', 1 << 20));
+    sync(&recall, &log, log.len());
+    let n = recall.count(Some(1)).unwrap();
+    assert!(n > 100, "{n} passages");
+    // Then the line ends and text follows: the windows become final ones, found again.
+    log.extend_from_slice(b"\nepsilon zeta\n");
+    sync(&recall, &log, log.len());
+    let hit = &search(&recall, "epsilon", 1)[0];
+    assert!(hit.text.ends_with("epsilon zeta\n"), "{}", hit.text.len());
+    assert!(hit.text.len() < 10_000);
+    assert!(search(&recall, "gamma", 1)[0].text.contains("gamma"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_second_writer_is_refused_with_a_clear_error() {
+    let dir = temp_dir("lock");
+    let _first = Recall::open(&dir, None).unwrap();
+    let second = Recall::open(&dir, None);
+    let message = second.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(message.contains("in use"), "{message}");
+    std::fs::remove_dir_all(&dir).ok();
+}
