@@ -37,6 +37,8 @@ pub enum Error {
     Import(String),
     #[error("model: {0}")]
     Engine(String),
+    #[error("{0}")]
+    Recall(String),
     #[error(transparent)]
     Schema(#[from] memagent_migrations::Error),
     #[error("database: {0}")]

@@ -21,6 +21,7 @@ mod codec;
 mod error;
 mod ingest;
 mod records;
+mod search;
 mod transfer;
 
 use std::fs::File;
@@ -39,9 +40,14 @@ pub use ingest::{
     general_answer, general_answers, DeepAnswer, Ingestor, StepOutcome, GENERAL_ANSWER,
     GENERAL_UPDATE,
 };
+pub use memagent_recall::{Embedder, Hit, Recall};
 pub use records::{
-    Author, ChunkRecord, Cursor, FileRecord, MemoryVersion, QuestionRecord, SourceRecord,
-    StandingAnswer, StreamRecord, GENERAL,
+    Author, ChunkRecord, Cursor, FileRecord, MemoryVersion, QuestionRecord, SegmentRecord,
+    SourceRecord, StandingAnswer, StreamRecord, GENERAL,
+};
+pub use search::{
+    evidence_answers, evidence_block, index_lag, search, sync_all, sync_stream, Evidence,
+    EVIDENCE_TOKENS,
 };
 pub use transfer::{ExportRecord, EXPORT_FORMAT};
 
@@ -70,6 +76,7 @@ pub struct Store {
     questions: Tree,
     files: Tree,
     answers: Tree,
+    segments: Tree,
 }
 
 fn now() -> u64 {
@@ -100,6 +107,7 @@ impl Store {
             questions: db.open_tree("questions")?,
             files: db.open_tree("files")?,
             answers: db.open_tree("answers")?,
+            segments: db.open_tree("segments")?,
             path: dir.to_path_buf(),
             _lock: lock,
             db,
@@ -214,6 +222,7 @@ impl Store {
             &self.cursors,
             &self.questions,
             &self.answers,
+            &self.segments,
         ] {
             for key in tree.scan_prefix(prefix).keys() {
                 tree.remove(key?)?;
@@ -246,6 +255,20 @@ impl Store {
         bytes: &[u8],
         source: Option<&str>,
         force: bool,
+    ) -> Result<Appended> {
+        self.append_turns(stream, bytes, source, force, Vec::new())
+    }
+
+    /// [`Store::append_with`] for text rendered from a source whose lines are not the
+    /// text's (a chat log): `turns` gives, for each turn, its offset in the new text and
+    /// its line in the source, recorded as the text's provenance.
+    pub fn append_turns(
+        &self,
+        stream: &str,
+        bytes: &[u8],
+        source: Option<&str>,
+        force: bool,
+        turns: Vec<(u64, u64)>,
     ) -> Result<Appended> {
         let record = self.create_stream(stream)?;
         let source_key = source.map(|name| source_key(record.id, name));
@@ -286,19 +309,35 @@ impl Store {
                 log_len: record.log_len,
             });
         }
+        // Text without a source gets an empty record, so that it is not taken for the
+        // continuation of the piece before it.
+        let segment = (!new.is_empty()).then(|| {
+            let seen = bytes.len() - new.len();
+            let newlines = bytes[..seen].iter().filter(|&&b| b == b'\n').count() as u64;
+            encode(&SegmentRecord {
+                source: source.unwrap_or_default().to_string(),
+                first_line: newlines + 1,
+                turns: turns.clone(),
+            })
+        });
         let outcome: std::result::Result<(), TransactionError<Error>> =
-            (&self.streams, &self.log, &self.sources).transaction(|(streams, log, sources)| {
-                if !new.is_empty() {
-                    let mut value = vec![codec::FORMAT];
-                    value.extend_from_slice(new);
-                    log.insert(&key2(record.id, record.log_len), value)?;
-                }
-                streams.insert(stream.as_bytes(), encode(&updated))?;
-                if let (Some(key), Some(src)) = (&source_key, &source_record) {
-                    sources.insert(key.as_slice(), encode(src))?;
-                }
-                Ok::<(), ConflictableTransactionError<Error>>(())
-            });
+            (&self.streams, &self.log, &self.sources, &self.segments).transaction(
+                |(streams, log, sources, segments)| {
+                    if !new.is_empty() {
+                        let mut value = vec![codec::FORMAT];
+                        value.extend_from_slice(new);
+                        log.insert(&key2(record.id, record.log_len), value)?;
+                    }
+                    if let Some(segment) = &segment {
+                        segments.insert(&key2(record.id, record.log_len), segment.as_slice())?;
+                    }
+                    streams.insert(stream.as_bytes(), encode(&updated))?;
+                    if let (Some(key), Some(src)) = (&source_key, &source_record) {
+                        sources.insert(key.as_slice(), encode(src))?;
+                    }
+                    Ok::<(), ConflictableTransactionError<Error>>(())
+                },
+            );
         transaction_result(outcome)?;
         self.db.flush()?;
         Ok(Appended {
@@ -310,30 +349,36 @@ impl Store {
 
     /// Commit 1 for a watched file: appends `text` to the log of `file.stream` and
     /// records how far the file was read, in one transaction, then flushes. A rename
-    /// (`renamed_from`) moves the file's record to its new path in the same transaction.
+    /// (`renamed_from`) moves the file's record to its new path in the same transaction;
+    /// `segment` says where in the file the text starts.
     pub fn append_file(
         &self,
         text: &[u8],
         file: &FileRecord,
         renamed_from: Option<&str>,
+        segment: &SegmentRecord,
     ) -> Result<Appended> {
         let record = self.create_stream(&file.stream)?;
         let mut updated = record.clone();
         updated.log_len += text.len() as u64;
+        let segment = encode(segment);
         let outcome: std::result::Result<(), TransactionError<Error>> =
-            (&self.streams, &self.log, &self.files).transaction(|(streams, log, files)| {
-                if !text.is_empty() {
-                    let mut value = vec![codec::FORMAT];
-                    value.extend_from_slice(text);
-                    log.insert(&key2(record.id, record.log_len), value)?;
-                    streams.insert(file.stream.as_bytes(), encode(&updated))?;
-                }
-                if let Some(old) = renamed_from.filter(|old| *old != file.path) {
-                    files.remove(old.as_bytes())?;
-                }
-                files.insert(file.path.as_bytes(), encode(file))?;
-                Ok::<(), ConflictableTransactionError<Error>>(())
-            });
+            (&self.streams, &self.log, &self.files, &self.segments).transaction(
+                |(streams, log, files, segments)| {
+                    if !text.is_empty() {
+                        let mut value = vec![codec::FORMAT];
+                        value.extend_from_slice(text);
+                        log.insert(&key2(record.id, record.log_len), value)?;
+                        segments.insert(&key2(record.id, record.log_len), segment.as_slice())?;
+                        streams.insert(file.stream.as_bytes(), encode(&updated))?;
+                    }
+                    if let Some(old) = renamed_from.filter(|old| *old != file.path) {
+                        files.remove(old.as_bytes())?;
+                    }
+                    files.insert(file.path.as_bytes(), encode(file))?;
+                    Ok::<(), ConflictableTransactionError<Error>>(())
+                },
+            );
         transaction_result(outcome)?;
         self.db.flush()?;
         Ok(Appended {
@@ -341,6 +386,24 @@ impl Store {
             revision: false,
             log_len: updated.log_len,
         })
+    }
+
+    /// The provenance record of the log piece holding byte `offset` of a stream, with
+    /// the offset where that piece starts; `None` for text appended without a source.
+    pub fn segment_at(
+        &self,
+        stream: &StreamRecord,
+        offset: u64,
+    ) -> Result<Option<(u64, SegmentRecord)>> {
+        let Some(item) = self
+            .segments
+            .range(key2(stream.id, 0)..=key2(stream.id, offset))
+            .next_back()
+        else {
+            return Ok(None);
+        };
+        let (key, value) = item?;
+        Ok(Some((last_u64(&key), decode("segments", &key, &value)?)))
     }
 
     /// Every watched file the database knows, by path.
@@ -489,6 +552,31 @@ impl Store {
             "versions",
             self.versions.scan_prefix(key2(stream.id, chain)),
         )
+    }
+
+    /// Chunk `index` of a stream.
+    pub fn chunk(&self, stream: &StreamRecord, index: u64) -> Result<Option<ChunkRecord>> {
+        let key = key2(stream.id, index);
+        self.chunks
+            .get(key)?
+            .map(|v| decode("chunks", &key, &v))
+            .transpose()
+    }
+
+    /// Versions of a chain from `first` on, oldest first, read lazily.
+    pub fn versions_from(
+        &self,
+        stream: &StreamRecord,
+        chain: u64,
+        first: u64,
+    ) -> Result<impl Iterator<Item = MemoryVersion> + '_> {
+        let range = self
+            .versions
+            .range(key3(stream.id, chain, first)..key3(stream.id, chain + 1, 0));
+        Ok(range.filter_map(|item| {
+            let (k, v) = item.ok()?;
+            decode("versions", &k, &v).ok()
+        }))
     }
 
     /// Every chunk of a stream, in order.

@@ -122,3 +122,13 @@ pub struct FileRecord {
     /// Times the file was rewritten and taken whole again.
     pub revisions: u32,
 }
+
+/// Where a piece of a stream's log came from: the appended bytes at this record's key
+/// start at line `first_line` of `source`. Chat logs rendered as turns list each turn's
+/// offset in the piece with its line (`turns`); otherwise lines are counted in the log.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SegmentRecord {
+    pub source: String,
+    pub first_line: u64,
+    pub turns: Vec<(u64, u64)>,
+}

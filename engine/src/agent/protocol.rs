@@ -28,6 +28,14 @@ pub const GENERAL_ANSWER: Template = Template {
     text: include_str!("templates/general-answer.txt"),
 };
 
+/// An answer from the general memory and the passages a search found for the question
+/// (`{chunk}`: the numbered passages).
+pub const EVIDENCE_ANSWER: Template = Template {
+    id: "memagent-evidence-answer",
+    version: 1,
+    text: include_str!("templates/evidence-answer.txt"),
+};
+
 /// The memory-update step of MemAgent: problem + previous memory + next chunk.
 pub const UPDATE: Template = Template {
     id: "memagent-update",

@@ -1,0 +1,222 @@
+//! Feeding the passage index from the store, and asking it: the index reads each
+//! stream's log through the store and learns where each byte came from (the segments'
+//! provenance); search results gain the memory version that first read them.
+
+use std::cell::RefCell;
+
+use memagent_engine::agent::{AnswerReport, MemoryAgent, TextTokenizer};
+use memagent_recall::{Hit, LogSource, Origin, Recall, SearchRequest, SyncReport};
+use serde::Serialize;
+
+use crate::records::{SegmentRecord, StreamRecord, GENERAL};
+use crate::{Error, Result, Store};
+
+/// A passage found for a question, with the memory version that first read it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Evidence {
+    #[serde(flatten)]
+    pub hit: Hit,
+    /// The general memory version whose step read this passage's first byte; `None`
+    /// while the memory has not read it yet.
+    pub version: Option<u64>,
+}
+
+/// Indexes what `stream`'s log holds past what the index has read; `on_progress` sees
+/// the log offset reached after each commit.
+pub fn sync_stream(
+    store: &Store,
+    recall: &Recall,
+    stream: &StreamRecord,
+    on_progress: &mut dyn FnMut(u64),
+) -> Result<SyncReport> {
+    // Origins are asked in increasing offsets: lines are counted on from the last one.
+    let counted: RefCell<Option<(u64, SegmentRecord, u64, u64)>> = RefCell::new(None);
+    let origin = |offset: u64| -> Origin {
+        let found = match store.segment_at(stream, offset) {
+            Ok(Some(found)) => found,
+            _ => return Origin::default(),
+        };
+        let (start, segment) = found;
+        if segment.source.is_empty() {
+            return Origin::default();
+        }
+        let source = Some(segment.source.clone());
+        if !segment.turns.is_empty() {
+            let at = offset - start;
+            let line = segment
+                .turns
+                .iter()
+                .take_while(|(o, _)| *o <= at)
+                .last()
+                .map_or(segment.first_line, |(_, l)| *l);
+            return Origin {
+                source,
+                line: Some(line),
+            };
+        }
+        let mut cache = counted.borrow_mut();
+        let (from, line) = match &*cache {
+            Some((s, _, at, line)) if *s == start && *at <= offset => (*at, *line),
+            _ => (start, segment.first_line),
+        };
+        let newlines = store
+            .read_log(stream, from, offset)
+            .map(|b| b.iter().filter(|&&c| c == b'\n').count() as u64)
+            .unwrap_or(0);
+        *cache = Some((start, segment, offset, line + newlines));
+        Origin {
+            source,
+            line: Some(line + newlines),
+        }
+    };
+    let read = |from: u64, to: u64| store.read_log(stream, from, to).map_err(|e| e.to_string());
+    let log = LogSource {
+        id: stream.id,
+        name: &stream.name,
+        len: stream.log_len,
+        read: &read,
+        origin: &origin,
+    };
+    recall.sync(&log, on_progress).map_err(recall_error)
+}
+
+/// Brings the index up to date with every stream, and drops the passages of streams
+/// the database no longer has (removed, or an index beside another database).
+pub fn sync_all(store: &Store, recall: &Recall) -> Result<Vec<(String, SyncReport)>> {
+    let streams = store.streams()?;
+    for id in recall.stream_ids() {
+        if !streams.iter().any(|s| s.id == id) {
+            recall.reset(Some(id)).map_err(recall_error)?;
+        }
+    }
+    let mut out = Vec::new();
+    for stream in streams {
+        if recall.stream_state(stream.id).len < stream.log_len {
+            let report = sync_stream(store, recall, &stream, &mut |_| {})?;
+            out.push((stream.name, report));
+        }
+    }
+    Ok(out)
+}
+
+/// Bytes of a stream's log the index has not read yet.
+pub fn index_lag(recall: &Recall, stream: &StreamRecord) -> u64 {
+    stream
+        .log_len
+        .saturating_sub(recall.stream_state(stream.id).len)
+}
+
+/// The best `k` passages for `text` in the named streams (all streams when `None`).
+pub fn search(
+    store: &Store,
+    recall: &Recall,
+    streams: Option<&[&str]>,
+    text: &str,
+    k: usize,
+) -> Result<Vec<Evidence>> {
+    let records = match streams {
+        Some(names) => names
+            .iter()
+            .map(|n| store.require(n))
+            .collect::<Result<Vec<_>>>()?,
+        None => store.streams()?,
+    };
+    let ids: Vec<u64> = records.iter().map(|s| s.id).collect();
+    let hits = recall
+        .search(&SearchRequest {
+            text,
+            streams: streams.map(|_| ids.as_slice()),
+            k,
+        })
+        .map_err(recall_error)?;
+    hits.into_iter()
+        .map(|hit| {
+            let version = match records.iter().find(|s| s.id == hit.stream_id) {
+                Some(s) => store.version_reading(s, hit.start)?,
+                None => None,
+            };
+            Ok(Evidence { hit, version })
+        })
+        .collect()
+}
+
+impl Store {
+    /// The general memory version whose step read byte `offset` of the stream's log.
+    pub fn version_reading(&self, stream: &StreamRecord, offset: u64) -> Result<Option<u64>> {
+        let cursor = self.cursor(stream, GENERAL)?;
+        if offset >= cursor.offset {
+            return Ok(None);
+        }
+        // The chunk holding the offset: chunks are consecutive byte ranges.
+        let (mut lo, mut hi) = (0, cursor.next_chunk);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            match self.chunk(stream, mid)? {
+                Some(c) if c.end <= offset => lo = mid + 1,
+                _ => hi = mid,
+            }
+        }
+        for v in self.versions_from(stream, GENERAL, lo + 1)? {
+            if v.chunk == Some(lo) {
+                return Ok(Some(v.version));
+            }
+        }
+        Ok(None)
+    }
+}
+
+fn recall_error(e: memagent_recall::Error) -> Error {
+    Error::Recall(e.to_string())
+}
+
+/// Tokens of evidence an answer prompt holds by default: with the small profile's 256
+/// memory tokens, the prompt stays under 1,100 tokens however long the stream grows.
+pub const EVIDENCE_TOKENS: usize = 512;
+
+/// The passages of an answer prompt: the best of `evidence` that fit in `budget`
+/// tokens of `tokenizer` (a passage that does not fit is skipped for a shorter one
+/// after it), numbered in log order (oldest first, so the latest word on a fact comes
+/// last). Returns the block and the passages it holds, in its order.
+pub fn evidence_block(
+    tokenizer: &dyn TextTokenizer,
+    evidence: Vec<Evidence>,
+    budget: usize,
+) -> Result<(String, Vec<Evidence>)> {
+    let mut chosen = Vec::new();
+    let mut used = 0;
+    for e in evidence {
+        // Numbers take a few tokens; counted with a generous "[10] ".
+        let tokens = tokenizer
+            .encode(&format!("[10] {}\n", e.hit.text.trim()))
+            .map_err(|e| Error::Engine(e.to_string()))?
+            .len();
+        if used + tokens <= budget {
+            used += tokens;
+            chosen.push(e);
+        }
+    }
+    chosen.sort_by_key(|e| (e.hit.stream_id, e.hit.start));
+    let block = chosen
+        .iter()
+        .enumerate()
+        .map(|(i, e)| format!("[{}] {}\n", i + 1, e.hit.text.trim()))
+        .collect::<String>();
+    let block = if block.is_empty() {
+        "(none found)".to_string()
+    } else {
+        block.trim_end().to_string()
+    };
+    Ok((block, chosen))
+}
+
+/// Answers each question from `memory` beside its passages block, decoded as one batch.
+pub fn evidence_answers(
+    agent: &MemoryAgent<'_>,
+    memory: &str,
+    items: &[(&str, &str)],
+) -> Result<Vec<AnswerReport>> {
+    let items: Vec<(&str, &str, &str)> = items.iter().map(|(q, e)| (*q, memory, *e)).collect();
+    agent
+        .answer_with_evidence(&items)
+        .map_err(|e| Error::Engine(e.to_string()))
+}
