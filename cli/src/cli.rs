@@ -44,6 +44,18 @@ pub struct GlobalArgs {
     )]
     pub adapter: Option<String>,
 
+    /// Sentence embedder for searching passages by meaning: a folder with
+    /// model.safetensors, tokenizer.json and config.json (all-MiniLM-L6-v2), or `none` to
+    /// search by words alone [default: `embedder` in the config file, then
+    /// models/all-MiniLM-L6-v2 beside the model]
+    #[arg(
+        long,
+        global = true,
+        env = "MEMAGENT_EMBEDDER",
+        value_name = "DIR|none"
+    )]
+    pub embedder: Option<String>,
+
     /// Where the model runs: cpu, cuda[:N] or metal (GPUs need a build with that feature)
     #[arg(long, global = true, env = "MEMAGENT_DEVICE", default_value = "cpu")]
     pub device: String,
@@ -88,8 +100,24 @@ pub enum Command {
     /// committed as a new memory version. Interrupted runs resume where they stopped.
     /// Ingesting the same file again appends only what is new.
     Ingest(IngestArgs),
-    /// Answer a question from a stream's memory: one model call, however long the stream
+    /// Answer a question from a stream's memory and the passages a search finds for it:
+    /// one model call, however long the stream
+    ///
+    /// The prompt holds the latest general memory and the best passages of everything the
+    /// stream stored (BM25 and sentence embeddings, fused), within --evidence-tokens, so
+    /// it stays the same size however long the stream grows. --memory-only answers from
+    /// the memory alone; --deep reads the stored chunks again with the question.
     Query(QueryArgs),
+    /// Search everything a stream stored: passages ranked by words (BM25) and by meaning
+    /// (sentence embeddings), fused by reciprocal rank
+    #[command(
+        after_help = "Examples:\n  memctl search chat \"Ingrid's birthday\"\n  \
+        memctl search --all \"wifi password\" -k 3 --json"
+    )]
+    Search(SearchArgs),
+    /// The passage index: rebuild it from the stored logs, or show how far it has read
+    #[command(subcommand)]
+    Index(IndexCommand),
     /// Show, list, compare, edit or roll back a stream's memory versions
     #[command(subcommand)]
     Memory(MemoryCommand),
@@ -316,6 +344,46 @@ pub struct GenerateArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct SearchArgs {
+    /// The stream to search (see `memctl streams list`); omit with --all
+    #[arg(required_unless_present = "all")]
+    pub stream: Option<String>,
+
+    /// What to look for: words, or a question or phrase with the same meaning
+    #[arg(required = true)]
+    pub text: String,
+
+    /// Passages to return
+    #[arg(short = 'k', long, default_value_t = 5)]
+    pub k: usize,
+
+    /// Search every stream
+    #[arg(long, conflicts_with = "stream")]
+    pub all: bool,
+
+    /// Print the passages as JSON: text, stream, byte range, source file and line, time,
+    /// the memory version that read it, fused score and each ranking's rank
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum IndexCommand {
+    /// Rebuild the passage index of one stream, or of all, from the stored logs
+    Rebuild {
+        /// The stream [default: every stream]
+        stream: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Per stream: bytes of the log, bytes indexed, passages
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Args)]
 pub struct IngestArgs {
     /// The stream to append to (created when new)
     pub stream: String,
@@ -330,6 +398,12 @@ pub struct IngestArgs {
     /// Only append; leave the pending text for a later ingest
     #[arg(long)]
     pub no_process: bool,
+
+    /// How to read the input: `chat-jsonl` renders one OpenAI-style message per line as
+    /// chat turns (as watched chat logs are); `auto` takes .jsonl files as chat logs and
+    /// anything else as text
+    #[arg(long, value_enum, default_value = "auto")]
+    pub format: IngestFormat,
 
     /// Print what was done as JSON
     #[arg(long)]
@@ -359,12 +433,34 @@ pub struct QueryArgs {
     #[arg(long)]
     pub deep: bool,
 
-    /// Print the answer with the version it came from as JSON
+    /// Answer from the memory alone (the MemAgent final step, without searching the
+    /// stored text)
+    #[arg(long, conflicts_with = "deep")]
+    pub memory_only: bool,
+
+    /// Tokens of passages the prompt may hold
+    #[arg(long, value_name = "TOKENS", default_value_t = memagent_store::EVIDENCE_TOKENS)]
+    pub evidence_tokens: usize,
+
+    /// Passages searched for each question (those that fit the budget go in the prompt)
+    #[arg(short = 'k', long, default_value_t = 8)]
+    pub passages: usize,
+
+    /// Print the answer with the version it came from (and the passages, with their
+    /// provenance and scores) as JSON
     #[arg(long)]
     pub json: bool,
 
     #[command(flatten)]
     pub run: LoopArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum IngestFormat {
+    Auto,
+    Text,
+    Markdown,
+    ChatJsonl,
 }
 
 #[derive(Debug, Subcommand)]

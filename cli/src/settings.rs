@@ -20,6 +20,8 @@ pub struct ConfigFile {
     pub model: Option<PathBuf>,
     /// Where streams and memories are stored.
     pub data_dir: Option<PathBuf>,
+    /// The sentence embedder's folder (`none`: passages are searched by words alone).
+    pub embedder: Option<String>,
     /// The model backend for the memory loop (`[backend]`); flags and environment
     /// variables win over it.
     #[serde(default)]
@@ -226,6 +228,50 @@ fn default_model_candidates() -> Vec<PathBuf> {
         );
     }
     out
+}
+
+/// Folder of the default sentence embedder, as `scripts/fetch-model` installs it.
+pub const DEFAULT_EMBEDDER_DIR: &str = "all-MiniLM-L6-v2";
+
+/// Finds the sentence embedder: `--embedder` (or `MEMAGENT_EMBEDDER`), then the config
+/// file, then `models/all-MiniLM-L6-v2/` where the model is looked for. `None` when
+/// asked for `none`: search by words alone.
+pub fn embedder_dir(global: &GlobalArgs) -> Result<Option<PathBuf>> {
+    let chosen = match &global.embedder {
+        Some(e) => Some((e.clone(), "--embedder or MEMAGENT_EMBEDDER")),
+        None => ConfigFile::load(global.config.as_deref())?
+            .embedder
+            .map(|e| (e, "the configuration file")),
+    };
+    if let Some((choice, source)) = chosen {
+        if choice == "none" {
+            return Ok(None);
+        }
+        let dir = PathBuf::from(choice);
+        if !dir.join("model.safetensors").is_file() {
+            bail!(
+                "embedder not found at {} (from {source}): it needs model.safetensors,                  tokenizer.json and config.json; run scripts/fetch-model, or pass                  --embedder none to search by words alone",
+                dir.display()
+            );
+        }
+        return Ok(Some(dir));
+    }
+    let candidates: Vec<PathBuf> = default_model_candidates()
+        .into_iter()
+        .filter_map(|p| Some(p.parent()?.join(DEFAULT_EMBEDDER_DIR)))
+        .collect();
+    if let Some(found) = candidates
+        .iter()
+        .find(|p| p.join("model.safetensors").is_file())
+    {
+        return Ok(Some(found.clone()));
+    }
+    let looked: Vec<String> = candidates.iter().map(|p| p.display().to_string()).collect();
+    bail!(
+        "sentence embedder not found (looked in {}); run scripts/fetch-model in the memagent \
+         checkout, pass --embedder DIR, or --embedder none to search by words alone",
+        looked.join(", ")
+    )
 }
 
 /// The data directory: `--data-dir`, then `MEMAGENT_DATA_DIR`, then the config file, then

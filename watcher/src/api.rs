@@ -14,8 +14,14 @@
 //! | `POST /v1/memory` `{stream, version}` | adds a version written by a person |
 //! | `POST /v1/query` `{stream, question, at?, deep?}` | an answer from the memory |
 //! | `POST /v1/query` `{stream, questions: [..], at?, deep?}` | `{stream, answers: [..]}`, decoded as one batch |
+//! | `POST /v1/search` `{stream? \| streams? \| all?, text, k?}` | `{text, passages: [..]}`: passages with provenance and scores |
 //!
-//! Errors are `{"error": "…"}` with status 400, 404 or 500.
+//! A query answers from the memory beside the passages a search finds for each question
+//! (`evidence_tokens` of them at most, from `k` found; `passages` in the answer), unless
+//! it asks for `memory_only` (the memory alone) or `deep`.
+//!
+//! Errors are `{"error": "…"}` with status 400, 404, 413, 415 or 500, including the
+//! framework's own rejections (malformed JSON, a missing field, a body over the limit).
 
 use std::sync::{Arc, Mutex};
 
@@ -26,7 +32,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use memagent_engine::agent::{extract_answer, AnswerReport};
-use memagent_store::{DeepAnswer, MemoryVersion, Store, GENERAL};
+use memagent_store::{DeepAnswer, Evidence, MemoryVersion, Recall, Store, GENERAL};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -55,7 +61,12 @@ pub(crate) struct AppState {
     pub info: Arc<DaemonInfo>,
     /// Tells the scheduler about content appended through the API.
     pub arrivals: tokio::sync::mpsc::UnboundedSender<Arrival>,
+    /// The passage index (the indexer thread keeps it caught up).
+    pub recall: Arc<Recall>,
 }
+
+/// Bytes a request body may hold.
+pub const BODY_LIMIT: usize = 16 * 1024 * 1024;
 
 pub(crate) struct ApiError(StatusCode, String);
 
@@ -93,7 +104,57 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/v1/history", get(history))
         .route("/v1/answers", get(answers))
         .route("/v1/query", post(query))
+        .route("/v1/search", post(search))
+        .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::map_response(json_errors))
         .with_state(state)
+}
+
+/// Every error as `{"error": "…"}`: the framework's own rejections (a malformed body, a
+/// missing field, a body over the limit) come as plain text, and are rewritten here
+/// with what to do.
+pub(crate) async fn json_errors(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let body = axum::body::to_bytes(response.into_body(), 64 * 1024)
+        .await
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&body).trim().to_string();
+    let message = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => format!(
+            "the request body is over the limit of {BODY_LIMIT} bytes; send the text in \
+             smaller pieces"
+        ),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+            "the body must be JSON, sent with `Content-Type: application/json`".to_string()
+        }
+        StatusCode::NOT_FOUND if text.is_empty() => {
+            "no such endpoint; see GET /v1/status and the API's documentation".to_string()
+        }
+        StatusCode::METHOD_NOT_ALLOWED => "this endpoint does not take that method".to_string(),
+        _ if text.contains("length limit exceeded") => format!(
+            "the request body is over the limit of {BODY_LIMIT} bytes; send the text in \
+             smaller pieces"
+        ),
+        _ if text.is_empty() => status
+            .canonical_reason()
+            .unwrap_or("request failed")
+            .to_lowercase(),
+        _ => text,
+    };
+    let status = if message.contains("over the limit") {
+        StatusCode::PAYLOAD_TOO_LARGE
+    } else {
+        status
+    };
+    ApiError(status, message).into_response()
 }
 
 /// Whether `headers` carry `Authorization: Bearer <token>`.
@@ -161,6 +222,15 @@ async fn status(State(state): State<AppState>) -> ApiResult {
             "last_update": s.and_then(|s| s.last_update),
             "last_error": s.and_then(|s| s.last_error.clone()),
         });
+        if let Ok(Some(record)) = state.store.stream(&name) {
+            let extra = json!({
+                "indexed_bytes": state.recall.stream_state(record.id).len,
+                "index_lag_bytes": memagent_store::index_lag(&state.recall, &record),
+            });
+            if let (Value::Object(row), Value::Object(extra)) = (&mut *row, extra) {
+                row.extend(extra);
+            }
+        }
         if let (Value::Object(row), Value::Object(extra)) = (row, extra) {
             row.extend(extra);
         }
@@ -186,7 +256,12 @@ struct StreamParam {
 }
 
 async fn remove_stream(State(state): State<AppState>, Query(p): Query<StreamParam>) -> ApiResult {
+    let id = state.store.require(&p.stream)?.id;
     state.store.remove_stream(&p.stream)?;
+    state
+        .recall
+        .reset(Some(id))
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     Ok(Json(json!({ "removed": p.stream })))
 }
 
@@ -197,14 +272,18 @@ struct AppendBody {
     source: Option<String>,
     #[serde(default)]
     force: bool,
+    /// Each chat turn's offset in `text` with its line in `source`.
+    #[serde(default)]
+    turns: Vec<(u64, u64)>,
 }
 
 async fn append(State(state): State<AppState>, Json(body): Json<AppendBody>) -> ApiResult {
-    let appended = state.store.append_with(
+    let appended = state.store.append_turns(
         &body.stream,
         body.text.as_bytes(),
         body.source.as_deref(),
         body.force,
+        body.turns,
     )?;
     if appended.bytes > 0 {
         let _ = state.arrivals.send(Arrival {
@@ -277,7 +356,24 @@ struct QueryBody {
     at: Option<u64>,
     #[serde(default)]
     deep: bool,
+    #[serde(default)]
+    memory_only: bool,
+    #[serde(default = "default_evidence_tokens")]
+    evidence_tokens: usize,
+    #[serde(default = "default_k")]
+    k: usize,
 }
+
+fn default_evidence_tokens() -> usize {
+    memagent_store::EVIDENCE_TOKENS
+}
+
+fn default_k() -> usize {
+    8
+}
+
+/// Passages returned when a search names no `k`.
+const SEARCH_K: usize = 5;
 
 async fn query(State(state): State<AppState>, Json(body): Json<QueryBody>) -> ApiResult {
     let bad = |message: &str| Err(ApiError(StatusCode::BAD_REQUEST, message.into()));
@@ -305,6 +401,35 @@ async fn query(State(state): State<AppState>, Json(body): Json<QueryBody>) -> Ap
             .iter()
             .zip(&deep)
             .map(|(q, d)| deep_json(&body.stream, q, d))
+            .collect()
+    } else if !body.memory_only {
+        let record = state.store.require(&body.stream)?;
+        let memory = match (body.at, state.store.latest(&record, GENERAL)?) {
+            (None, None) => empty_memory(),
+            _ => version_at(&state.store, &body.stream, body.at)?,
+        };
+        let version = memory.version;
+        let found = {
+            let (store, recall) = (state.store.clone(), state.recall.clone());
+            let (stream, questions, k) = (body.stream.clone(), questions.clone(), body.k);
+            tokio::task::spawn_blocking(move || {
+                questions
+                    .iter()
+                    .map(|q| memagent_store::search(&store, &recall, Some(&[&stream]), q, k))
+                    .collect::<memagent_store::Result<Vec<_>>>()
+            })
+            .await
+            .map_err(|e| engine_error(e.to_string()))??
+        };
+        let answered = state
+            .engine
+            .answer_with_evidence(memory, questions.clone(), found, body.evidence_tokens)
+            .await
+            .map_err(engine_error)?;
+        questions
+            .iter()
+            .zip(&answered)
+            .map(|(q, (r, used))| evidence_answer_json(&body.stream, version, q, r, used))
             .collect()
     } else {
         let memory = version_at(&state.store, &body.stream, body.at)?;
@@ -340,6 +465,84 @@ pub fn answer_json(stream: &str, version: u64, question: &str, report: &AnswerRe
         "completion_tokens": report.completion_tokens,
         "seconds": report.seconds,
     })
+}
+
+/// An answer from a memory version and the passages its prompt held, as the API and
+/// `memctl query --json` give it.
+pub fn evidence_answer_json(
+    stream: &str,
+    version: u64,
+    question: &str,
+    report: &AnswerReport,
+    passages: &[Evidence],
+) -> Value {
+    let mut out = answer_json(stream, version, question, report);
+    out["passages"] = serde_json::to_value(passages).unwrap_or_default();
+    out
+}
+
+/// The memory a stream has before its first step: empty, version 0 (its passages can
+/// already be searched).
+pub fn empty_memory() -> MemoryVersion {
+    MemoryVersion {
+        version: 0,
+        parent: None,
+        text: "(none yet)".into(),
+        tokens: 0,
+        chunk: None,
+        model: String::new(),
+        model_sha256: String::new(),
+        template_id: String::new(),
+        template_version: 0,
+        created: 0,
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        seconds: 0.0,
+        cut: false,
+        author: memagent_store::Author::Model,
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SearchBody {
+    stream: Option<String>,
+    streams: Option<Vec<String>>,
+    #[serde(default)]
+    all: bool,
+    text: String,
+    k: Option<usize>,
+}
+
+async fn search(State(state): State<AppState>, Json(body): Json<SearchBody>) -> ApiResult {
+    let bad = |message: &str| Err(ApiError(StatusCode::BAD_REQUEST, message.into()));
+    let streams: Option<Vec<String>> = match (body.stream, body.streams, body.all) {
+        (Some(s), None, false) => Some(vec![s]),
+        (None, Some(s), false) if !s.is_empty() => Some(s),
+        (None, None, true) => None,
+        (None, Some(_), false) => return bad("`streams` is empty; name at least one stream"),
+        (None, None, false) => {
+            return bad("give `stream` (a name), `streams` (a list) or `all: true`")
+        }
+        _ => return bad("give only one of `stream`, `streams` and `all`"),
+    };
+    if body.text.trim().is_empty() {
+        return bad("`text` is empty; give the words or question to search for");
+    }
+    let k = body.k.unwrap_or(SEARCH_K);
+    if k == 0 || k > 1000 {
+        return bad("`k` must be between 1 and 1000");
+    }
+    let (store, recall, text) = (state.store.clone(), state.recall.clone(), body.text.clone());
+    let found = tokio::task::spawn_blocking(move || {
+        let names: Option<Vec<&str>> = streams
+            .as_ref()
+            .map(|s| s.iter().map(String::as_str).collect());
+        memagent_store::search(&store, &recall, names.as_deref(), &text, k)
+    })
+    .await
+    .map_err(|e| engine_error(e.to_string()))??;
+    Ok(Json(json!({"text": body.text, "passages": found})))
 }
 
 /// A deep query's answer, as the API and `memctl query --deep --json` give it.

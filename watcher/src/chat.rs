@@ -14,6 +14,8 @@ pub struct Parsed {
     pub lines: u64,
     /// Lines that are not messages: (line number, reason). They are skipped.
     pub errors: Vec<(u64, String)>,
+    /// Each turn's offset in `text` with its line number in the file.
+    pub turns: Vec<(u64, u64)>,
 }
 
 /// Parses the complete lines of `bytes`, whose first line is line `first_line + 1` of
@@ -33,6 +35,7 @@ pub fn parse(bytes: &[u8], first_line: u64) -> Parsed {
         }
         match render(line) {
             Ok(turn) => {
+                out.turns.push((out.text.len() as u64, number));
                 out.text.push_str(&turn);
                 out.text.push('\n');
             }

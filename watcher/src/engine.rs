@@ -8,7 +8,8 @@ use std::sync::mpsc;
 use memagent_engine::agent::{AnswerReport, Completion, MemoryAgent};
 use memagent_engine::Message;
 use memagent_store::{
-    general_answers, DeepAnswer, Ingestor, MemoryVersion, StepOutcome, Store, GENERAL,
+    evidence_answers, evidence_block, general_answers, DeepAnswer, Evidence, Ingestor,
+    MemoryVersion, StepOutcome, Store, GENERAL,
 };
 use tokio::sync::oneshot;
 
@@ -50,6 +51,16 @@ pub enum Request {
         memory: Box<MemoryVersion>,
         questions: Vec<String>,
         reply: Reply<Vec<AnswerReport>>,
+    },
+    /// Answer questions from a memory version beside the passages found for each (the
+    /// best that fit in `budget` tokens go in its prompt), decoded as one batch; each
+    /// answer comes with the passages its prompt held.
+    AnswerWithEvidence {
+        memory: Box<MemoryVersion>,
+        questions: Vec<String>,
+        found: Vec<Vec<Evidence>>,
+        budget: usize,
+        reply: Reply<Vec<(AnswerReport, Vec<Evidence>)>>,
     },
     /// Deep queries of one stream (the exact MemAgent protocol over the stored chunks),
     /// the questions' chains read side by side in batches.
@@ -109,6 +120,23 @@ impl EngineHandle {
         .await
     }
 
+    pub async fn answer_with_evidence(
+        &self,
+        memory: MemoryVersion,
+        questions: Vec<String>,
+        found: Vec<Vec<Evidence>>,
+        budget: usize,
+    ) -> Result<Vec<(AnswerReport, Vec<Evidence>)>, String> {
+        self.ask(|reply| Request::AnswerWithEvidence {
+            memory: Box::new(memory),
+            questions,
+            found,
+            budget,
+            reply,
+        })
+        .await
+    }
+
     pub async fn chat(
         &self,
         messages: Vec<Message>,
@@ -160,6 +188,18 @@ pub fn serve(
                 let _ = reply
                     .send(general_answers(agent, &memory, &questions).map_err(|e| e.to_string()));
             }
+            Request::AnswerWithEvidence {
+                memory,
+                questions,
+                found,
+                budget,
+                reply,
+            } => {
+                let _ = reply.send(
+                    answer_with_evidence(agent, &memory, &questions, found, budget)
+                        .map_err(|e| e.to_string()),
+                );
+            }
             Request::Deep {
                 stream,
                 questions,
@@ -184,6 +224,32 @@ pub fn serve(
             }
         }
     }
+}
+
+/// Each question's passages as its prompt's evidence block, then the answers as one
+/// batch.
+pub fn answer_with_evidence(
+    agent: &MemoryAgent<'_>,
+    memory: &MemoryVersion,
+    questions: &[String],
+    found: Vec<Vec<Evidence>>,
+    budget: usize,
+) -> memagent_store::Result<Vec<(AnswerReport, Vec<Evidence>)>> {
+    let mut blocks = Vec::with_capacity(found.len());
+    for hits in found {
+        blocks.push(evidence_block(agent.tokenizer(), hits, budget)?);
+    }
+    let items: Vec<(&str, &str)> = questions
+        .iter()
+        .zip(&blocks)
+        .map(|(q, (block, _))| (q.as_str(), block.as_str()))
+        .collect();
+    let reports = evidence_answers(agent, &memory.text, &items)?;
+    Ok(reports
+        .into_iter()
+        .zip(blocks)
+        .map(|(r, (_, used))| (r, used))
+        .collect())
 }
 
 fn steps(

@@ -258,13 +258,13 @@ impl Tracker {
             None => (0, 0, 0, false),
         };
         let new = &bytes[start..];
-        let (mut text, consumed, new_lines) = match format {
+        let (mut text, consumed, new_lines, mut turns) = match format {
             WatchFormat::ChatJsonl => {
                 let parsed = chat::parse(new, lines);
                 for (line, reason) in &parsed.errors {
                     tracing::warn!("{key}:{line}: {reason}; line skipped");
                 }
-                (parsed.text, parsed.consumed, parsed.lines)
+                (parsed.text, parsed.consumed, parsed.lines, parsed.turns)
             }
             _ => {
                 let take = complete_utf8_len(new);
@@ -278,15 +278,29 @@ impl Tracker {
                         String::from_utf8_lossy(&new[..take]).into_owned()
                     }
                 };
-                (text, take, 0)
+                (text, take, 0, Vec::new())
             }
+        };
+        // Where the new text starts in the file, for the passages' provenance.
+        let segment = memagent_store::SegmentRecord {
+            source: key.clone(),
+            first_line: match format {
+                WatchFormat::ChatJsonl => lines + 1,
+                _ => bytes[..start].iter().filter(|&&b| b == b'\n').count() as u64 + 1,
+            },
+            turns: Vec::new(),
         };
         if revised {
             let name = path
                 .file_name()
                 .map_or(key.clone(), |n| n.to_string_lossy().into());
-            text = format!("\n[{name} was rewritten; revision {revisions} follows]\n{text}");
+            let note = format!("\n[{name} was rewritten; revision {revisions} follows]\n");
+            for turn in &mut turns {
+                turn.0 += note.len() as u64;
+            }
+            text = format!("{note}{text}");
         }
+        let segment = memagent_store::SegmentRecord { turns, ..segment };
         let offset = start + consumed;
         let record = FileRecord {
             path: key.clone(),
@@ -303,7 +317,7 @@ impl Tracker {
         if known.as_ref() != Some(&record) {
             let appended = self
                 .store
-                .append_file(text.as_bytes(), &record, renamed_from.as_deref())
+                .append_file(text.as_bytes(), &record, renamed_from.as_deref(), &segment)
                 .map_err(|e| format!("cannot store what was read: {e}"))?;
             if appended.bytes > 0 {
                 tracing::debug!(

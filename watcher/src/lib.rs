@@ -15,6 +15,7 @@
 //! use memagent_watcher::{DaemonInfo, DaemonOptions, EngineHandle};
 //!
 //! let store = Arc::new(memagent_store::Store::open("/tmp/memagent-data".as_ref())?);
+//! let recall = Arc::new(memagent_store::Recall::open("/tmp/memagent-data/index".as_ref(), None)?);
 //! let (engine, requests) = EngineHandle::channel();
 //! // The thread that owns the model runs `serve_engine(&agent, &store, …, requests)`.
 //! # drop(requests);
@@ -28,7 +29,7 @@
 //!     idle_seconds: 30.0,
 //!     watches: 0,
 //! };
-//! memagent_watcher::run(store, engine, info, DaemonOptions::default())?;
+//! memagent_watcher::run(store, recall, engine, info, DaemonOptions::default())?;
 //! # Ok(()) }
 //! //! ```
 
@@ -48,16 +49,18 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use memagent_store::Store;
+use memagent_store::{Recall, Store};
 use notify::{RecursiveMode, Watcher};
 
-pub use api::{answer_json, deep_json, stream_rows, DaemonInfo};
+pub use api::{
+    answer_json, deep_json, empty_memory, evidence_answer_json, stream_rows, DaemonInfo,
+};
 pub use chat::{parse as parse_chat, render_message, utc, Parsed};
 pub use config::{
     socket_path, validate_watches, DaemonOptions, ProxyOptions, TcpOptions, WatchConfig,
     WatchFormat,
 };
-pub use engine::{serve as serve_engine, EngineHandle, Request, Step};
+pub use engine::{answer_with_evidence, serve as serve_engine, EngineHandle, Request, Step};
 pub use error::{Error, Result};
 
 use config::Watch;
@@ -71,9 +74,12 @@ enum Msg {
 }
 
 /// Runs the daemon until SIGTERM or SIGINT, then stops cleanly: the listeners close,
-/// the file thread ends, the socket is removed and the store is flushed.
+/// the file thread ends, the socket is removed and the store is flushed. `recall` is the
+/// passage index: an indexer thread catches it up at start and indexes each append as it
+/// arrives, apart from memory steps.
 pub fn run(
     store: Arc<Store>,
+    recall: Arc<Recall>,
     engine: EngineHandle,
     info: DaemonInfo,
     options: DaemonOptions,
@@ -94,12 +100,26 @@ pub fn run(
             source,
         })?;
     let stats = Arc::new(Mutex::new(Stats::default()));
-    let (arrivals_tx, arrivals_rx) = tokio::sync::mpsc::unbounded_channel();
+    // Appends go to the indexer and on to the scheduler.
+    let (arrivals_tx, mut appended_rx) = tokio::sync::mpsc::unbounded_channel::<files::Arrival>();
+    let (scheduler_tx, arrivals_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (index_tx, index_rx) = mpsc::channel::<String>();
+    let indexer = {
+        let (store, recall) = (store.clone(), recall.clone());
+        std::thread::Builder::new()
+            .name("memagent-index".into())
+            .spawn(move || index_appends(&store, &recall, index_rx))
+            .map_err(|source| Error::Io {
+                path: socket.clone(),
+                source,
+            })?
+    };
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
 
     let proxy_state = options.proxy.as_ref().map(|proxy| {
         proxy::ProxyState::new(
             store.clone(),
+            recall.clone(),
             engine.clone(),
             arrivals_tx.clone(),
             proxy,
@@ -112,8 +132,16 @@ pub fn run(
         stats: stats.clone(),
         info: Arc::new(info),
         arrivals: arrivals_tx.clone(),
+        recall: recall.clone(),
     };
+    let state_recall = recall;
     runtime.block_on(async move {
+        let forward = tokio::spawn(async move {
+            while let Some(arrival) = appended_rx.recv().await {
+                let _ = index_tx.send(arrival.stream.clone());
+                let _ = scheduler_tx.send(arrival);
+            }
+        });
         let unix = bind_socket(&socket)?;
         let tcp = match &options.tcp {
             Some(tcp) => Some((
@@ -149,6 +177,7 @@ pub fn run(
 
         let scheduler = scheduler::Scheduler {
             store: store.clone(),
+            recall: state_recall,
             engine,
             stats,
             idle: options.idle,
@@ -223,11 +252,59 @@ pub fn run(
         // simply done again at the next start.
         scheduler.abort();
         let _ = tokio::task::spawn_blocking(move || file_thread.join()).await;
+        // The indexer ends when the last sender of appends is gone.
+        forward.abort();
+        let _ = forward.await;
+        let _ = tokio::task::spawn_blocking(move || indexer.join()).await;
         let _ = std::fs::remove_file(&socket);
         store.flush()?;
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// The indexer thread: catches the index up with every stream, then indexes each
+/// stream named on `appended` (names that queue up while it works are read once).
+/// Errors are logged with the stream and never stop it.
+fn index_appends(store: &Store, recall: &Recall, appended: mpsc::Receiver<String>) {
+    match memagent_store::sync_all(store, recall) {
+        Ok(done) => {
+            for (stream, r) in done {
+                tracing::info!(
+                    "search index: read {} bytes of `{stream}` into {} passages in {:.1}s",
+                    r.bytes,
+                    r.passages,
+                    r.seconds
+                );
+            }
+        }
+        Err(e) => tracing::error!("search index: catching up failed: {e}"),
+    }
+    while let Ok(first) = appended.recv() {
+        let mut names = vec![first];
+        names.extend(appended.try_iter());
+        names.sort();
+        names.dedup();
+        for name in names {
+            let result = match store.stream(&name) {
+                Ok(Some(stream)) => {
+                    memagent_store::sync_stream(store, recall, &stream, &mut |_| {})
+                }
+                Ok(None) => continue,
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(r) if r.passages > 0 => tracing::debug!(
+                    "search index: `{name}`: {} bytes, {} passages in {:.2}s",
+                    r.bytes,
+                    r.passages,
+                    r.seconds
+                ),
+                Ok(_) => {}
+                Err(e) => tracing::error!("search index: stream `{name}`: {e}"),
+            }
+        }
+    }
 }
 
 /// Binds the API socket, readable and writable by its owner only.

@@ -4,7 +4,9 @@
 //!
 //! Each request names its stream: the path (`/streams/NAME/v1/chat/completions`, so a
 //! client's base URL carries it), the `X-Memagent-Stream` header, or the body's `user`
-//! field. The stream's latest memory goes into the request as a first system message;
+//! field. The stream's latest memory, and the passages of everything the stream stored
+//! that best match the request's latest user message (about [`EVIDENCE_CHARS`]
+//! characters of them), go into the request as a first system message;
 //! the request goes on to the upstream server (or, without one, the daemon's model
 //! answers); the reply comes back unchanged, server-sent events passed through as they
 //! arrive; then the request's new turns (those after its last assistant message, system
@@ -25,7 +27,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use memagent_engine::agent::Completion;
 use memagent_engine::{Message, StopReason};
-use memagent_store::{MemoryVersion, Store, GENERAL};
+use memagent_store::{Evidence, MemoryVersion, Recall, Store, GENERAL};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
@@ -35,12 +37,18 @@ use crate::files::Arrival;
 /// The header that names a request's stream.
 pub const STREAM_HEADER: &str = "x-memagent-stream";
 
+/// Characters of passages the system message may hold (about 512 tokens).
+pub const EVIDENCE_CHARS: usize = 2048;
+/// Passages searched for a request's latest user message.
+const EVIDENCE_K: usize = 8;
+
 /// Reply cap of the daemon's own model when a request sets none.
 const DEFAULT_MAX_TOKENS: u64 = 256;
 
 #[derive(Clone)]
 pub(crate) struct ProxyState {
     pub store: Arc<Store>,
+    pub recall: Arc<Recall>,
     pub engine: EngineHandle,
     pub arrivals: tokio::sync::mpsc::UnboundedSender<Arrival>,
     /// The upstream's base URL, without a trailing slash.
@@ -54,6 +62,7 @@ pub(crate) struct ProxyState {
 impl ProxyState {
     pub fn new(
         store: Arc<Store>,
+        recall: Arc<Recall>,
         engine: EngineHandle,
         arrivals: tokio::sync::mpsc::UnboundedSender<Arrival>,
         options: &crate::ProxyOptions,
@@ -68,6 +77,7 @@ impl ProxyState {
             .into();
         Self {
             store,
+            recall,
             engine,
             arrivals,
             upstream: options
@@ -183,9 +193,32 @@ async fn handle(
         Ok(memory) => memory,
         Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     };
-    if let (Some(memory), Some(messages)) = (&memory, request["messages"].as_array_mut()) {
-        let content = memory_message(&stream, memory);
-        messages.insert(0, json!({"role": "system", "content": content}));
+    let passages = match last_user_text(&request) {
+        Some(text) => {
+            let (store, recall, name) = (state.store.clone(), state.recall.clone(), stream.clone());
+            let found = tokio::task::spawn_blocking(move || {
+                if store.stream(&name)?.is_none() {
+                    return Ok(Vec::new());
+                }
+                memagent_store::search(&store, &recall, Some(&[&name]), &text, EVIDENCE_K)
+            })
+            .await;
+            match found {
+                Ok(Ok(found)) => within_chars(found, EVIDENCE_CHARS),
+                Ok(Err(e)) => {
+                    tracing::warn!("proxy: search of `{stream}` failed: {e}");
+                    Vec::new()
+                }
+                Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+            }
+        }
+        None => Vec::new(),
+    };
+    if memory.is_some() || !passages.is_empty() {
+        if let Some(messages) = request["messages"].as_array_mut() {
+            let content = memory_message(&stream, memory.as_ref(), &passages);
+            messages.insert(0, json!({"role": "system", "content": content}));
+        }
     }
     let job = Job {
         state,
@@ -198,15 +231,62 @@ async fn handle(
     }
 }
 
-/// The system message that carries a stream's memory.
-pub fn memory_message(stream: &str, memory: &MemoryVersion) -> String {
-    format!(
-        "Long-term memory of earlier conversations with this user (memagent stream \
-         `{stream}`, version {}). A small model wrote it from what was said before: it may \
-         be incomplete or out of date, and what the user says now takes precedence.\n\n{}",
-        memory.version,
-        memory.text.trim()
-    )
+/// The system message that carries a stream's memory and the passages found for the
+/// request (either may be absent).
+pub fn memory_message(
+    stream: &str,
+    memory: Option<&MemoryVersion>,
+    passages: &[Evidence],
+) -> String {
+    let mut out = String::new();
+    if let Some(memory) = memory {
+        out.push_str(&format!(
+            "Long-term memory of earlier conversations with this user (memagent stream \
+             `{stream}`, version {}). A small model wrote it from what was said before: it \
+             may be incomplete or out of date, and what the user says now takes \
+             precedence.\n\n{}",
+            memory.version,
+            memory.text.trim()
+        ));
+    }
+    if !passages.is_empty() {
+        if !out.is_empty() {
+            out.push_str("\n\n");
+        }
+        out.push_str(&format!(
+            "Passages from earlier conversations with this user (memagent stream `{stream}`) \
+             that may bear on the latest message, oldest first:"
+        ));
+        for (i, p) in passages.iter().enumerate() {
+            out.push_str(&format!("\n[{}] {}", i + 1, p.hit.text.trim()));
+        }
+    }
+    out
+}
+
+/// The text of the request's last user message.
+fn last_user_text(request: &Value) -> Option<String> {
+    let messages = request["messages"].as_array()?;
+    let last = messages.iter().rev().find(|m| m["role"] == "user")?;
+    Some(content_text(&last["content"])).filter(|t| !t.trim().is_empty())
+}
+
+/// The best passages whose texts fit in `budget` characters, in log order.
+fn within_chars(found: Vec<Evidence>, budget: usize) -> Vec<Evidence> {
+    let mut used = 0;
+    let mut kept: Vec<Evidence> = found
+        .into_iter()
+        .filter(|e| {
+            let n = e.hit.text.trim().len();
+            let fits = used + n <= budget;
+            if fits {
+                used += n;
+            }
+            fits
+        })
+        .collect();
+    kept.sort_by_key(|e| e.hit.start);
+    kept
 }
 
 fn latest_memory(store: &Store, stream: &str) -> memagent_store::Result<Option<MemoryVersion>> {

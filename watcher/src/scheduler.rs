@@ -14,7 +14,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use memagent_store::{MemoryVersion, StandingAnswer, Store, GENERAL};
+use memagent_store::{MemoryVersion, Recall, StandingAnswer, Store, GENERAL};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::WatchConfig;
@@ -27,6 +27,8 @@ const RETRY_AFTER: Duration = Duration::from_secs(30);
 
 pub(crate) struct Scheduler {
     pub store: Arc<Store>,
+    /// The passage index: standing answers take the passages found for each question.
+    pub recall: Arc<Recall>,
     pub engine: EngineHandle,
     pub stats: Arc<Mutex<Stats>>,
     pub idle: Duration,
@@ -54,14 +56,51 @@ impl Scheduler {
         questions
     }
 
-    /// Answers `stream`'s standing questions from its new memory and stores the answers
-    /// with the version.
+    /// Answers `stream`'s standing questions from its new memory, beside the passages
+    /// found for each, and stores the answers with the version.
     async fn answer_standing(&self, stream: &str, memory: &MemoryVersion) {
         let questions = self.standing_questions(stream);
         if questions.is_empty() {
             return;
         }
-        let reports = match self.engine.answer(memory.clone(), questions.clone()).await {
+        let found = {
+            let (store, recall) = (self.store.clone(), self.recall.clone());
+            let (name, asked) = (stream.to_string(), questions.clone());
+            tokio::task::spawn_blocking(move || {
+                asked
+                    .iter()
+                    .map(|q| memagent_store::search(&store, &recall, Some(&[&name]), q, 8))
+                    .collect::<memagent_store::Result<Vec<_>>>()
+            })
+            .await
+        };
+        let found = match found {
+            Ok(Ok(found)) => found,
+            Ok(Err(e)) => {
+                tracing::error!("{stream}: standing questions not answered: {e}");
+                return;
+            }
+            Err(e) => {
+                tracing::error!("{stream}: standing questions not answered: {e}");
+                return;
+            }
+        };
+        let answered = self
+            .engine
+            .answer_with_evidence(
+                memory.clone(),
+                questions.clone(),
+                found,
+                memagent_store::EVIDENCE_TOKENS,
+            )
+            .await
+            .map(|answers| {
+                answers
+                    .into_iter()
+                    .map(|(report, _)| report)
+                    .collect::<Vec<_>>()
+            });
+        let reports = match answered {
             Ok(reports) => reports,
             Err(e) => {
                 tracing::error!("{stream}: standing questions not answered: {e}");

@@ -102,6 +102,8 @@ pub fn run(global: &GlobalArgs, args: &DaemonRunArgs) -> Result<()> {
         );
     }
     let store = Arc::new(Store::open(&dir)?);
+    // The indexer thread catches the index up once the daemon runs.
+    let recall = Arc::new(super::recall::open_recall_only(global, &store)?);
 
     // The engine thread owns the model for the daemon's whole life.
     let (engine, requests) = EngineHandle::channel();
@@ -155,7 +157,7 @@ pub fn run(global: &GlobalArgs, args: &DaemonRunArgs) -> Result<()> {
         proxy,
         ..DaemonOptions::default()
     };
-    memagent_watcher::run(store, engine, info, options)?;
+    memagent_watcher::run(store, recall, engine, info, options)?;
     Ok(())
 }
 

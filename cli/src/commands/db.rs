@@ -55,7 +55,12 @@ impl Db {
 
     pub fn remove_stream(&self, stream: &str) -> Result<()> {
         match self {
-            Self::Local(store) => store.remove_stream(stream)?,
+            Self::Local(store) => {
+                let id = store.require(stream)?.id;
+                store.remove_stream(stream)?;
+                // Its passages go too (no embedder needed to delete).
+                memagent_store::Recall::open(&store.path().join("index"), None)?.reset(Some(id))?;
+            }
             Self::Daemon(client) => {
                 client.delete(&format!("/v1/streams?stream={}", query_escape(stream)))?;
             }

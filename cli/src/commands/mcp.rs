@@ -1,7 +1,7 @@
 //! `memctl mcp`: memagent as a Model Context Protocol server over stdio, for desktop
 //! assistants and coding agents.
 //!
-//! Tools: `remember`, `recall`, `memory`, `history`, `streams`; each stream's latest
+//! Tools: `remember`, `recall`, `search`, `memory`, `history`, `streams`; each stream's latest
 //! memory is a resource (`memagent://streams/NAME/memory`, NAME percent-encoded). Each
 //! call opens the data directory as memctl's commands do: through the daemon's socket
 //! while a daemon holds the database, else the database itself for the call's length
@@ -27,7 +27,9 @@ use serde_json::{json, Value};
 
 use super::client::query_escape;
 use super::db::Db;
-use super::streams::{answer_text, daemon_answers, local_answers, read_pending, AnswerRequest};
+use super::streams::{
+    answer_text, daemon_answers, local_answers, read_pending, AnswerRequest, Evidence,
+};
 use super::ModelBackend;
 use crate::cli::{GlobalArgs, LoopArgs, McpArgs};
 
@@ -102,6 +104,22 @@ struct RecallParams {
     /// Answer from this memory version instead of the latest (not with `deep`)
     #[serde(default)]
     version: Option<u64>,
+    /// Answer from the memory alone, without searching the stored text
+    #[serde(default)]
+    memory_only: bool,
+}
+
+#[derive(Debug, Deserialize, rmcp::schemars::JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+struct SearchParams {
+    /// The stream to search; leave out to search every stream
+    #[serde(default)]
+    stream: Option<String>,
+    /// Words, or a question or phrase with the same meaning
+    text: String,
+    /// Passages to return (default 5)
+    #[serde(default)]
+    k: Option<usize>,
 }
 
 #[derive(Debug, Deserialize, rmcp::schemars::JsonSchema)]
@@ -199,11 +217,19 @@ impl Shared {
             bail!("`deep` reads the stored text again and answers from its own memory; leave out `version`");
         }
         let questions = [p.question];
+        let evidence = Evidence {
+            memory_only: p.memory_only || p.deep,
+            ..Evidence::default()
+        };
         let answer = match Db::open(&self.global)? {
             Db::Daemon(client) => {
-                daemon_answers(&client, &p.stream, &questions, p.version, p.deep)?
+                daemon_answers(&client, &p.stream, &questions, p.version, p.deep, &evidence)?
             }
             Db::Local(store) => {
+                let recall = match evidence.memory_only {
+                    true => None,
+                    false => Some(super::recall::open_recall(&self.global, &store)?),
+                };
                 let guard = self.model()?;
                 let backend = guard.as_ref().expect("loaded above");
                 let request = AnswerRequest {
@@ -211,13 +237,65 @@ impl Shared {
                     questions: &questions,
                     at: p.version,
                     deep: p.deep,
+                    evidence: recall.as_ref().map(|r| (r, evidence)),
                 };
                 local_answers(&store, backend, &self.run, &request, &mut |_, _, _| {})?
             }
         }
         .pop()
         .context("no answer came back")?;
-        Ok((answer_text(&answer).trim().to_string(), answer))
+        let mut said = answer_text(&answer).trim().to_string();
+        if let Some(passages) = answer["passages"].as_array().filter(|p| !p.is_empty()) {
+            said.push_str("\n\nFrom:");
+            for (i, p) in passages.iter().enumerate() {
+                said.push_str(&format!(
+                    "\n[{}] {}: {}",
+                    i + 1,
+                    super::recall::provenance(p),
+                    p["text"].as_str().unwrap_or_default().trim()
+                ));
+            }
+        }
+        Ok((said, answer))
+    }
+
+    fn search(&self, p: SearchParams) -> Result<(String, Value)> {
+        let k = p.k.unwrap_or(5);
+        let passages: Vec<Value> = match Db::open(&self.global)? {
+            Db::Daemon(client) => {
+                let body = match &p.stream {
+                    Some(stream) => json!({"stream": stream, "text": p.text, "k": k}),
+                    None => json!({"all": true, "text": p.text, "k": k}),
+                };
+                let reply = client.post("/v1/search", &body)?;
+                reply["passages"].as_array().cloned().unwrap_or_default()
+            }
+            Db::Local(store) => {
+                let recall = super::recall::open_recall(&self.global, &store)?;
+                let streams = p.stream.as_deref().map(|s| vec![s]);
+                memagent_store::search(&store, &recall, streams.as_deref(), &p.text, k)?
+                    .iter()
+                    .map(|e| serde_json::to_value(e).unwrap_or_default())
+                    .collect()
+            }
+        };
+        let said = match passages.is_empty() {
+            true => "no passage found".to_string(),
+            false => passages
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    format!(
+                        "[{}] {}\n{}",
+                        i + 1,
+                        super::recall::provenance(p),
+                        p["text"].as_str().unwrap_or_default().trim()
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("\n\n"),
+        };
+        Ok((said, json!({"text": p.text, "passages": passages})))
     }
 
     fn memory(&self, p: MemoryParams) -> Result<(String, Value)> {
@@ -381,16 +459,29 @@ impl MemoryServer {
     }
 
     #[tool(
-        description = "Answer a question from a stream's memory (one model call however \
-        long the stream). `deep: true` reads the stream's stored text again with the \
-        question, slower but it finds what the memory dropped; `version` answers from an \
-        older memory."
+        description = "Answer a question from a stream's memory and the passages a search \
+        of everything the stream stored finds for it (one model call however long the \
+        stream); the answer lists the passages it used, with where they came from. \
+        `memory_only: true` answers from the memory alone; `deep: true` reads the stream's \
+        stored text again with the question; `version` answers from an older memory."
     )]
     async fn recall(
         &self,
         Parameters(p): Parameters<RecallParams>,
     ) -> Result<CallToolResult, ErrorData> {
         self.blocking(|s| outcome(s.recall(p))).await
+    }
+
+    #[tool(
+        description = "Search everything a stream (or every stream) stored: the passages \
+        that best match the text by words and by meaning, each with its stream, byte \
+        range, source file and line, time and score."
+    )]
+    async fn search(
+        &self,
+        Parameters(p): Parameters<SearchParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.blocking(|s| outcome(s.search(p))).await
     }
 
     #[tool(

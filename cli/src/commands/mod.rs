@@ -9,6 +9,7 @@ mod generate;
 mod loop_bench;
 mod mcp;
 mod model;
+mod recall;
 mod ruler;
 mod streams;
 mod tokenize;
@@ -37,6 +38,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Ask(args) => ask::run(&cli.global, &args),
         Command::Ingest(args) => streams::ingest(&cli.global, &args),
         Command::Query(args) => streams::query(&cli.global, &args),
+        Command::Search(args) => recall::search(&cli.global, &args),
+        Command::Index(command) => recall::index(&cli.global, &command),
         Command::Memory(command) => streams::memory(&cli.global, &command),
         Command::Streams(command) => streams::streams(&cli.global, &command),
         Command::Daemon(DaemonCommand::Run(args)) => daemon::run(&cli.global, &args),

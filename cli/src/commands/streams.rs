@@ -4,13 +4,16 @@ use std::io::{IsTerminal, Read, Write};
 
 use anyhow::{bail, Context, Result};
 use memagent_store::{
-    general_answers, Author, ExportRecord, Ingestor, MemoryVersion, StepOutcome, Store, GENERAL,
+    general_answers, Author, ExportRecord, Ingestor, MemoryVersion, Recall, StepOutcome, Store,
+    GENERAL,
 };
 use serde_json::json;
 
 use super::db::{version_at, Db};
 use super::{print_json, ModelBackend};
-use crate::cli::{GlobalArgs, IngestArgs, LoopArgs, MemoryCommand, QueryArgs, StreamsCommand};
+use crate::cli::{
+    GlobalArgs, IngestArgs, IngestFormat, LoopArgs, MemoryCommand, QueryArgs, StreamsCommand,
+};
 
 fn open_store(global: &GlobalArgs, what: &str) -> Result<Store> {
     Db::open(global)?.local(what)
@@ -29,13 +32,41 @@ pub fn ingest(global: &GlobalArgs, args: &IngestArgs) -> Result<()> {
         }
         _ => (super::read_document(None)?, None),
     };
+    let chat = match args.format {
+        IngestFormat::ChatJsonl => true,
+        IngestFormat::Text | IngestFormat::Markdown => false,
+        IngestFormat::Auto => source.as_deref().is_some_and(|s| s.ends_with(".jsonl")),
+    };
+    // A chat log becomes turns, as a watched one does; the turns' lines are kept.
+    let (text, turns) = match chat {
+        false => (text, Vec::new()),
+        true => {
+            let mut bytes = text.into_bytes();
+            if !bytes.ends_with(b"\n") {
+                bytes.push(b'\n');
+            }
+            let parsed = memagent_watcher::parse_chat(&bytes, 0);
+            let name = source.as_deref().unwrap_or("standard input");
+            for (line, reason) in &parsed.errors {
+                tracing::warn!("{name}:{line}: {reason}; line skipped");
+            }
+            if parsed.text.is_empty() && !parsed.errors.is_empty() {
+                bail!(
+                    "{name}: no line is a chat message ({} lines skipped); expected one \
+                     {{\"role\": …, \"content\": …}} object per line, or pass --format text",
+                    parsed.errors.len()
+                );
+            }
+            (parsed.text, parsed.turns)
+        }
+    };
     let store = match db {
         Db::Local(store) => store,
         // The daemon appends it and reads it into memory on its own schedule.
         Db::Daemon(client) => {
             let done = client.post(
                 "/v1/append",
-                &json!({"stream": args.stream, "text": text, "source": source, "force": args.force}),
+                &json!({"stream": args.stream, "text": text, "source": source, "force": args.force, "turns": turns}),
             )?;
             if args.json {
                 return print_json(&done);
@@ -49,8 +80,15 @@ pub fn ingest(global: &GlobalArgs, args: &IngestArgs) -> Result<()> {
             return Ok(());
         }
     };
-    let appended =
-        store.append_with(&args.stream, text.as_bytes(), source.as_deref(), args.force)?;
+    let appended = store.append_turns(
+        &args.stream,
+        text.as_bytes(),
+        source.as_deref(),
+        args.force,
+        turns,
+    )?;
+    // Searchable at once, before any model work.
+    super::recall::open_recall(global, &store)?;
     if appended.revision {
         tracing::warn!(
             "{} changed since it was last ingested; appended it whole as a new revision",
@@ -138,16 +176,30 @@ pub fn read_pending(
 }
 
 pub fn query(global: &GlobalArgs, args: &QueryArgs) -> Result<()> {
+    let evidence = Evidence {
+        memory_only: args.memory_only || args.deep,
+        tokens: args.evidence_tokens,
+        k: args.passages,
+    };
     let answers = match Db::open(global)? {
-        Db::Daemon(client) => {
-            daemon_answers(&client, &args.stream, &args.questions, args.at, args.deep)?
-        }
+        Db::Daemon(client) => daemon_answers(
+            &client,
+            &args.stream,
+            &args.questions,
+            args.at,
+            args.deep,
+            &evidence,
+        )?,
         Db::Local(store) => {
             // A missing stream or version is told before the model loads.
-            match args.deep {
+            match args.deep || !evidence.memory_only {
                 true => drop(store.require(&args.stream)?),
                 false => drop(version_at(&store, &args.stream, args.at)?),
             }
+            let recall = match evidence.memory_only {
+                true => None,
+                false => Some(super::recall::open_recall(global, &store)?),
+            };
             let backend = ModelBackend::open(global, &args.run.backend)?;
             let bar = super::progress_bar(
                 args.deep && !global.quiet && !args.json && std::io::stderr().is_terminal(),
@@ -164,6 +216,7 @@ pub fn query(global: &GlobalArgs, args: &QueryArgs) -> Result<()> {
                     questions: &args.questions,
                     at: args.at,
                     deep: args.deep,
+                    evidence: recall.as_ref().map(|recall| (recall, evidence)),
                 },
                 &mut |i, step, total| {
                     done[i] = step.chunk.index + 1;
@@ -186,6 +239,27 @@ pub fn query(global: &GlobalArgs, args: &QueryArgs) -> Result<()> {
     print_answers(&args.questions, &texts)
 }
 
+/// How an answer uses the stored text beside the memory.
+#[derive(Debug, Clone, Copy)]
+pub struct Evidence {
+    /// The memory alone (the MemAgent protocol).
+    pub memory_only: bool,
+    /// Tokens of passages the prompt may hold.
+    pub tokens: usize,
+    /// Passages searched per question.
+    pub k: usize,
+}
+
+impl Default for Evidence {
+    fn default() -> Self {
+        Self {
+            memory_only: false,
+            tokens: memagent_store::EVIDENCE_TOKENS,
+            k: 8,
+        }
+    }
+}
+
 /// What to answer from a stream.
 pub struct AnswerRequest<'a> {
     pub stream: &'a str,
@@ -194,6 +268,9 @@ pub struct AnswerRequest<'a> {
     pub at: Option<u64>,
     /// Read the stored chunks again with each question.
     pub deep: bool,
+    /// Search the stored text with each question and answer from the memory and the
+    /// passages found; `None`: from the memory alone.
+    pub evidence: Option<(&'a Recall, Evidence)>,
 }
 
 /// The daemon's answers, one JSON object per question (as `/v1/query` gives them).
@@ -203,8 +280,14 @@ pub fn daemon_answers(
     questions: &[String],
     at: Option<u64>,
     deep: bool,
+    evidence: &Evidence,
 ) -> Result<Vec<serde_json::Value>> {
-    let mut body = json!({"stream": stream, "at": at, "deep": deep});
+    let mut body = json!({
+        "stream": stream, "at": at, "deep": deep,
+        "memory_only": evidence.memory_only,
+        "evidence_tokens": evidence.tokens,
+        "k": evidence.k,
+    });
     if let [question] = questions {
         body["question"] = json!(question);
         return Ok(vec![client.post("/v1/query", &body)?]);
@@ -215,9 +298,10 @@ pub fn daemon_answers(
 }
 
 /// Answers from the store with `backend`'s model, one JSON object per question as the
-/// daemon's API gives them: from the general memory, or with `deep` by reading the stored
-/// chunks again per question (the chains side by side; `on_deep_step` sees each step:
-/// question index, step, chunks in all).
+/// daemon's API gives them: from the general memory (beside the passages found for each
+/// question, with `evidence`), or with `deep` by reading the stored chunks again per
+/// question (the chains side by side; `on_deep_step` sees each step: question index,
+/// step, chunks in all).
 pub fn local_answers(
     store: &Store,
     backend: &ModelBackend,
@@ -226,6 +310,31 @@ pub fn local_answers(
     on_deep_step: &mut dyn FnMut(usize, &StepOutcome, usize),
 ) -> Result<Vec<serde_json::Value>> {
     let stream = request.stream;
+    if let (false, Some((recall, evidence))) = (request.deep, &request.evidence) {
+        let memory = memory_or_none(store, stream, request.at)?;
+        let found = request
+            .questions
+            .iter()
+            .map(|q| memagent_store::search(store, recall, Some(&[stream]), q, evidence.k))
+            .collect::<memagent_store::Result<Vec<_>>>()?;
+        let answered = backend.with_agent(run, |agent| {
+            Ok(memagent_watcher::answer_with_evidence(
+                agent,
+                &memory,
+                request.questions,
+                found,
+                evidence.tokens,
+            )?)
+        })?;
+        return Ok(request
+            .questions
+            .iter()
+            .zip(&answered)
+            .map(|(q, (r, used))| {
+                memagent_watcher::evidence_answer_json(stream, memory.version, q, r, used)
+            })
+            .collect());
+    }
     if !request.deep {
         let memory = version_at(store, stream, request.at)?;
         let questions: Vec<&str> = request.questions.iter().map(String::as_str).collect();
@@ -263,6 +372,17 @@ pub fn local_answers(
             memagent_watcher::deep_json(stream, question, d)
         })
         .collect())
+}
+
+/// The memory version to answer from beside the passages: as `version_at`, except that
+/// a stream the memory has not read yet answers from an empty memory (version 0), since
+/// its passages can already be found.
+fn memory_or_none(store: &Store, stream: &str, at: Option<u64>) -> Result<MemoryVersion> {
+    let record = store.require(stream)?;
+    if at.is_none() && store.latest(&record, GENERAL)?.is_none() {
+        return Ok(memagent_watcher::empty_memory());
+    }
+    version_at(store, stream, at)
 }
 
 /// The answer of one of `local_answers`' or the daemon's objects: the extracted answer

