@@ -84,8 +84,10 @@ pub enum Command {
     /// loop (MemAgent) at constant memory
     ///
     /// The document is cut into chunks of the model's tokens; after each chunk the model
-    /// rewrites a bounded memory with what helps answer the question; the answer comes
-    /// from the last memory alone. Reads --file, else standard input.
+    /// rewrites a bounded memory with what helps answer the question. The answer comes
+    /// from the last memory beside the document's passages that a search finds for the
+    /// question (--memory-only: from the memory alone, the MemAgent protocol). Reads
+    /// --file, else standard input.
     #[command(
         after_help = "Examples:\n  memctl ask --file report.txt \"Who signed the contract?\"\n  \
         cat notes/*.md | memctl ask --show-memory \"What did we decide about pricing?\"\n  \
@@ -602,6 +604,19 @@ pub struct AskArgs {
     /// Print the answer, the extracted answer and per-step statistics as JSON
     #[arg(long)]
     pub json: bool,
+
+    /// Answer from the final memory alone (the MemAgent protocol), without searching
+    /// the document's passages
+    #[arg(long, conflicts_with = "direct")]
+    pub memory_only: bool,
+
+    /// Tokens of passages the answer's prompt may hold
+    #[arg(long, value_name = "TOKENS", default_value_t = memagent_store::EVIDENCE_TOKENS)]
+    pub evidence_tokens: usize,
+
+    /// Passages searched for the question
+    #[arg(short = 'k', long, default_value_t = 8)]
+    pub passages: usize,
 
     #[command(flatten)]
     pub run: LoopArgs,

@@ -5,7 +5,8 @@ use std::time::Instant;
 
 use anyhow::Result;
 use indicatif::ProgressBar;
-use memagent_engine::agent::{AgentRun, AnswerReport, Progress, StepReport};
+use memagent_engine::agent::{AgentRun, AnswerReport, Progress, StepReport, NO_MEMORY};
+use memagent_store::MemoryVersion;
 use serde_json::json;
 
 use super::ModelBackend;
@@ -22,8 +23,40 @@ pub fn run(global: &GlobalArgs, args: &AskArgs) -> Result<()> {
     }
     let show_progress = !global.quiet && !args.json && std::io::stderr().is_terminal();
     let mut display = StepDisplay::new(show_progress, args.show_memory && !args.json);
-    let run = backend.with_agent(&args.run, |agent| {
-        Ok(agent.run(&document, &args.question, &mut |p| display.on(p))?)
+    // With evidence, the document's passages are indexed while the model loads.
+    let found = match args.memory_only {
+        true => None,
+        false => Some(super::recall::document_evidence(
+            super::recall::load_embedder(global)?,
+            &document,
+            &args.question,
+            args.passages,
+        )?),
+    };
+    let (run, evidence) = backend.with_agent(&args.run, |agent| {
+        let run = agent.run(&document, &args.question, &mut |p| display.on(p))?;
+        let evidence = match found {
+            None => None,
+            Some(found) => {
+                let memory = MemoryVersion {
+                    text: run
+                        .steps
+                        .last()
+                        .map_or(NO_MEMORY.to_string(), |s| s.memory.clone()),
+                    ..memagent_watcher::empty_memory()
+                };
+                let question = [args.question.clone()];
+                let mut answered = memagent_watcher::answer_with_evidence(
+                    agent,
+                    &memory,
+                    &question,
+                    vec![found],
+                    args.evidence_tokens,
+                )?;
+                answered.pop()
+            }
+        };
+        Ok((run, evidence))
     })?;
     display.finish();
     tracing::info!(
@@ -33,10 +66,25 @@ pub fn run(global: &GlobalArgs, args: &AskArgs) -> Result<()> {
         run.seconds,
         run.input_tokens as f64 / run.seconds.max(f64::EPSILON)
     );
+    let mut value = run_json(&run);
+    let answer = match &evidence {
+        None => run.final_answer.answer.clone(),
+        Some((report, used)) => {
+            // The memory's own answer stays beside it, under `memory_answer`.
+            value["mode"] = json!("evidence");
+            value["memory_answer"] =
+                json!({"answer": value["answer"], "extracted": value["extracted"]});
+            value["answer"] = json!(report.reply);
+            value["extracted"] = json!(report.answer);
+            value["passages"] = serde_json::to_value(used)?;
+            value["templates"]["final"] = serde_json::to_value(report.template)?;
+            report.answer.clone()
+        }
+    };
     if args.json {
-        super::print_json(&run_json(&run))
+        super::print_json(&value)
     } else {
-        writeln!(std::io::stdout().lock(), "{}", run.final_answer.answer)?;
+        writeln!(std::io::stdout().lock(), "{answer}")?;
         Ok(())
     }
 }

@@ -4,7 +4,7 @@ use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use memagent_store::{Embedder, Recall, Store};
+use memagent_store::{Embedder, Evidence, Recall, Store};
 use serde_json::{json, Value};
 
 use super::db::Db;
@@ -50,6 +50,44 @@ pub fn catch_up(store: &Store, recall: &Recall) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The best `k` passages of one document for `question`, through a passage index of
+/// its own in a temporary folder (removed after).
+pub fn document_evidence(
+    embedder: Option<Arc<Embedder>>,
+    document: &str,
+    question: &str,
+    k: usize,
+) -> Result<Vec<Evidence>> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("memctl-ask-{}-{n}", std::process::id()));
+    let found = (|| -> Result<Vec<Evidence>> {
+        let recall = Recall::open(&dir, embedder)?;
+        let bytes = document.as_bytes();
+        let read = |from: u64, to: u64| Ok(bytes[from as usize..to as usize].to_vec());
+        let origin = |_| memagent_recall::Origin::default();
+        let log = memagent_recall::LogSource {
+            id: 1,
+            name: "document",
+            len: bytes.len() as u64,
+            read: &read,
+            origin: &origin,
+        };
+        recall.sync(&log, &mut |_| {})?;
+        let hits = recall.search(&memagent_recall::SearchRequest {
+            text: question,
+            streams: None,
+            k,
+        })?;
+        Ok(hits
+            .into_iter()
+            .map(|hit| Evidence { hit, version: None })
+            .collect())
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    found
 }
 
 pub fn search(global: &GlobalArgs, args: &SearchArgs) -> Result<()> {
