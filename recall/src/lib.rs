@@ -218,7 +218,31 @@ fn schema() -> (Schema, Fields) {
 impl Recall {
     /// Opens (or creates) the index in `dir`; with an embedder, passages are also
     /// indexed and searched by meaning.
+    ///
+    /// An index of another layout (written by another version of memagent) or with an
+    /// unreadable state is derived data: it is removed and made again, empty, for the
+    /// caller's catch-up to fill from the logs.
     pub fn open(dir: &Path, embedder: Option<Arc<Embedder>>) -> Result<Self> {
+        match Self::open_as_is(dir, embedder.clone()) {
+            Err(e @ Error::State { .. })
+            | Err(
+                e @ Error::Index {
+                    source: tantivy::TantivyError::SchemaError(_),
+                    ..
+                },
+            ) => {
+                tracing::warn!("{e}; making the search index again from the stored logs");
+                std::fs::remove_dir_all(dir).map_err(|source| Error::Index {
+                    path: dir.to_path_buf(),
+                    source: source.into(),
+                })?;
+                Self::open_as_is(dir, embedder)
+            }
+            other => other,
+        }
+    }
+
+    fn open_as_is(dir: &Path, embedder: Option<Arc<Embedder>>) -> Result<Self> {
         let err = |source| Error::Index {
             path: dir.to_path_buf(),
             source,

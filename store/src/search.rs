@@ -5,6 +5,7 @@
 use std::cell::RefCell;
 
 use memagent_engine::agent::{AnswerReport, MemoryAgent, TextTokenizer};
+use memagent_recall::passages::focus;
 use memagent_recall::{Hit, LogSource, Origin, Recall, SearchRequest, SyncReport};
 use serde::Serialize;
 
@@ -173,34 +174,42 @@ fn recall_error(e: memagent_recall::Error) -> Error {
 /// memory tokens, the prompt stays under 1,100 tokens however long the stream grows.
 pub const EVIDENCE_TOKENS: usize = 512;
 
-/// The passages of an answer prompt: the best of `evidence` that fit in `budget`
-/// tokens of `tokenizer` (a passage that does not fit is skipped for a shorter one
-/// after it), numbered in log order (oldest first, so the latest word on a fact comes
-/// last). Returns the block and the passages it holds, in its order.
+/// Sentences of each passage an answer prompt keeps (those sharing the most words with
+/// the question; the whole passage when none does).
+pub const FOCUS_SENTENCES: usize = 2;
+
+/// The passages of an answer prompt: the best of `evidence`, each cut to the sentences
+/// that bear on `question` ([`focus`](memagent_recall::passages::focus)), as many as
+/// fit in `budget` tokens of `tokenizer` (one that does not fit is skipped for a shorter
+/// one after it), numbered in log order (oldest first, so the latest word on a fact
+/// comes last). Returns the block and the passages it holds, in its order.
 pub fn evidence_block(
     tokenizer: &dyn TextTokenizer,
+    question: &str,
     evidence: Vec<Evidence>,
     budget: usize,
 ) -> Result<(String, Vec<Evidence>)> {
     let mut chosen = Vec::new();
     let mut used = 0;
     for e in evidence {
+        let text = focus(&e.hit.text, question, FOCUS_SENTENCES);
         // Numbers take a few tokens; counted with a generous "[10] ".
         let tokens = tokenizer
-            .encode(&format!("[10] {}\n", e.hit.text.trim()))
+            .encode(&format!("[10] {text}\n"))
             .map_err(|e| Error::Engine(e.to_string()))?
             .len();
         if used + tokens <= budget {
             used += tokens;
-            chosen.push(e);
+            chosen.push((text, e));
         }
     }
-    chosen.sort_by_key(|e| (e.hit.stream_id, e.hit.start));
+    chosen.sort_by_key(|(_, e)| (e.hit.stream_id, e.hit.start));
     let block = chosen
         .iter()
         .enumerate()
-        .map(|(i, e)| format!("[{}] {}\n", i + 1, e.hit.text.trim()))
+        .map(|(i, (text, _))| format!("[{}] {text}\n", i + 1))
         .collect::<String>();
+    let chosen: Vec<Evidence> = chosen.into_iter().map(|(_, e)| e).collect();
     let block = if block.is_empty() {
         "(none found)".to_string()
     } else {

@@ -105,6 +105,12 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/v1/answers", get(answers))
         .route("/v1/query", post(query))
         .route("/v1/search", post(search))
+        .fallback(|| async {
+            ApiError(
+                StatusCode::NOT_FOUND,
+                "no such endpoint; the API's endpoints are listed in memctl's README".into(),
+            )
+        })
         .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
         .layer(axum::middleware::map_response(json_errors))
         .with_state(state)

@@ -236,8 +236,8 @@ pub fn answer_with_evidence(
     budget: usize,
 ) -> memagent_store::Result<Vec<(AnswerReport, Vec<Evidence>)>> {
     let mut blocks = Vec::with_capacity(found.len());
-    for hits in found {
-        blocks.push(evidence_block(agent.tokenizer(), hits, budget)?);
+    for (question, hits) in questions.iter().zip(found) {
+        blocks.push(evidence_block(agent.tokenizer(), question, hits, budget)?);
     }
     let items: Vec<(&str, &str)> = questions
         .iter()

@@ -13,6 +13,7 @@ mod mcp;
 mod proxy;
 mod query;
 mod scheduling;
+mod search;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

@@ -8,6 +8,7 @@ mod crash;
 mod general;
 mod mcp;
 mod ruler;
+mod search;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

@@ -116,9 +116,10 @@ impl std::str::FromStr for FinalForm {
 }
 
 impl Template {
-    /// The template with `{prompt}`, `{memory}` and `{chunk}` replaced, once each, by the
-    /// given texts. Markers are looked up in the template only, so a document that itself
-    /// contains `{memory}` is inserted verbatim. Markers a template lacks are ignored.
+    /// The template with `{prompt}`, `{memory}` and `{chunk}` replaced by the given
+    /// texts, wherever the template has them. Markers are looked up in the template
+    /// only, so a document that itself contains `{memory}` is inserted verbatim. Markers
+    /// a template lacks are ignored.
     pub fn fill(&self, prompt: &str, memory: &str, chunk: &str) -> String {
         let mut marks: Vec<(usize, &str, &str)> = [
             ("{prompt}", prompt),
@@ -126,7 +127,11 @@ impl Template {
             ("{chunk}", chunk),
         ]
         .into_iter()
-        .filter_map(|(marker, value)| self.text.find(marker).map(|at| (at, marker, value)))
+        .flat_map(|(marker, value)| {
+            self.text
+                .match_indices(marker)
+                .map(move |(at, _)| (at, marker, value))
+        })
         .collect();
         marks.sort_by_key(|(at, _, _)| *at);
         let mut out =
@@ -212,12 +217,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fill_replaces_each_marker_once_and_keeps_markers_in_values() {
+    fn fill_replaces_every_marker_of_the_template_and_keeps_markers_in_values() {
         let out = UPDATE.fill("Q {chunk}", "M", "C {memory}");
         assert!(out.contains("<problem> \nQ {chunk}\n</problem>"));
         assert!(out.contains("<memory>\nM\n</memory>"));
         assert!(out.contains("<section>\nC {memory}\n</section>"));
         assert!(out.ends_with("Updated memory:\n"));
+    }
+
+    #[test]
+    fn a_marker_the_template_repeats_is_filled_each_time() {
+        let out = EVIDENCE_ANSWER.fill("Who? {prompt}", "M", "[1] P");
+        assert!(out.starts_with("Question: Who? {prompt}\n"), "{out}");
+        assert!(out.ends_with("Question: Who? {prompt}\nAnswer:\n"), "{out}");
+        assert_eq!(out.matches("Who?").count(), 2);
     }
 
     #[test]

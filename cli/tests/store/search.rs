@@ -1,0 +1,320 @@
+//! Recall beside memory, through `memctl`: passages found by words and by meaning with
+//! their provenance, chat logs ingested as turns, `streams rm`, a database from before
+//! the index, rebuilds equal to incremental indexing, and answers within their budget.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::{data_dir, run, stderr};
+
+fn json(o: &std::process::Output) -> Value {
+    assert!(o.status.success(), "{}", stderr(o));
+    serde_json::from_slice(&o.stdout).expect("JSON output")
+}
+
+fn search(dir: &Path, args: &[&str]) -> Vec<Value> {
+    let mut all = vec!["search", "--json"];
+    all.extend_from_slice(args);
+    json(&run(dir, &all))["passages"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Notes of many paragraphs, one of which holds the fact.
+fn notes() -> String {
+    let filler = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/data/filler.txt"),
+    )
+    .unwrap();
+    let paragraphs: Vec<&str> = filler
+        .split("\n\n")
+        .filter(|p| !p.trim().is_empty())
+        .collect();
+    let mut text = String::from("# Notes\n\n");
+    for (i, p) in paragraphs.iter().cycle().take(30).enumerate() {
+        if i == 12 {
+            text.push_str(
+                "The wifi code at our lake house is pinecone42; the router sits behind the \
+                 bookshelf in the hall.\n\n",
+            );
+        }
+        text.push_str(p.trim());
+        text.push_str("\n\n");
+    }
+    text
+}
+
+#[test]
+fn search_finds_a_passage_by_words_and_by_meaning_with_its_file_and_line() {
+    let dir = data_dir("search-find");
+    let file = dir.join("notes.md");
+    let text = notes();
+    std::fs::write(&file, &text).unwrap();
+    let ingest = run(
+        &dir,
+        &["ingest", "notes", file.to_str().unwrap(), "--no-process"],
+    );
+    assert!(ingest.status.success(), "{}", stderr(&ingest));
+
+    let found = search(&dir, &["notes", "wifi code lake house", "-k", "3"]);
+    let top = &found[0];
+    assert!(
+        top["text"].as_str().unwrap().contains("pinecone42"),
+        "{found:#?}"
+    );
+    // Provenance: the file, the line the passage starts on, and the bytes of the log,
+    // which for one ingest are the file's.
+    let (start, end) = (top["start"].as_u64().unwrap(), top["end"].as_u64().unwrap());
+    assert_eq!(
+        &text[start as usize..end as usize],
+        top["text"].as_str().unwrap()
+    );
+    let line = text[..start as usize].matches('\n').count() as u64 + 1;
+    assert_eq!(top["line"], line);
+    let canonical = std::fs::canonicalize(&file).unwrap();
+    assert_eq!(top["source"], canonical.display().to_string());
+    assert!(top["version"].is_null(), "no memory has read it yet");
+
+    // A paraphrase shares no word with the passage but stop words: found by meaning.
+    let found = search(
+        &dir,
+        &[
+            "notes",
+            "How do I get on the internet at the cottage by the lake?",
+            "-k",
+            "3",
+        ],
+    );
+    assert!(
+        found
+            .iter()
+            .any(|p| p["text"].as_str().unwrap().contains("pinecone42") && p["vector_rank"] == 1),
+        "{found:#?}"
+    );
+    // By words alone, the paraphrase does not bring it first.
+    let words = search(
+        &dir,
+        &[
+            "--embedder",
+            "none",
+            "notes",
+            "How do I get on the internet at the cottage by the lake?",
+            "-k",
+            "1",
+        ],
+    );
+    assert!(
+        words.iter().all(|p| p["vector_rank"].is_null()),
+        "{words:#?}"
+    );
+
+    // Readable output names the file and line.
+    let plain = run(&dir, &["search", "notes", "pinecone42", "-k", "1"]);
+    let out = String::from_utf8_lossy(&plain.stdout);
+    assert!(out.contains(&format!("notes.md:{line}")), "{out}");
+}
+
+#[test]
+fn a_chat_log_ingested_by_hand_becomes_turns_found_with_their_lines() {
+    let dir = data_dir("search-chat");
+    let log = dir.join("talk.jsonl");
+    std::fs::write(
+        &log,
+        "{\"role\":\"user\",\"content\":\"Hello there.\",\"timestamp\":\"2026-11-20 09:13\"}\n\
+         {\"role\": oops}\n\
+         {\"role\":\"user\",\"name\":\"Priya\",\"content\":\"my sister Ingrid's birthday is on the 14th of March\"}\n",
+    )
+    .unwrap();
+    let out = run(
+        &dir,
+        &[
+            "ingest",
+            "chat",
+            log.to_str().unwrap(),
+            "--no-process",
+            "--json",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("talk.jsonl:2:"), "{}", stderr(&out));
+    let found = search(&dir, &["chat", "Ingrid birthday"]);
+    let text = found[0]["text"].as_str().unwrap();
+    assert!(
+        text.starts_with("[2026-11-20 09:13] user: Hello there.\nuser (Priya): my sister Ingrid"),
+        "rendered as turns, short turns together: {text}"
+    );
+    assert_eq!(found[0]["line"], 1);
+    assert_eq!(found[0]["time"], "2026-11-20 09:13");
+    // --format text keeps the raw lines.
+    let raw = run(
+        &dir,
+        &[
+            "ingest",
+            "raw",
+            log.to_str().unwrap(),
+            "--format",
+            "text",
+            "--no-process",
+        ],
+    );
+    assert!(raw.status.success(), "{}", stderr(&raw));
+    let found = search(&dir, &["raw", "Ingrid birthday"]);
+    assert!(found[0]["text"]
+        .as_str()
+        .unwrap()
+        .contains("{\"role\":\"user\",\"name\":\"Priya\""));
+}
+
+#[test]
+fn streams_rm_leaves_no_passage_behind() {
+    let dir = data_dir("search-rm");
+    for (stream, fact) in [
+        ("keep", "The spare key is under the blue pot."),
+        ("gone", "The spare key is in the red box."),
+    ] {
+        let file = dir.join(format!("{stream}.txt"));
+        std::fs::write(&file, format!("{fact}\n")).unwrap();
+        assert!(run(
+            &dir,
+            &["ingest", stream, file.to_str().unwrap(), "--no-process"]
+        )
+        .status
+        .success());
+    }
+    assert_eq!(search(&dir, &["--all", "spare key"]).len(), 2);
+    let rm = run(&dir, &["streams", "rm", "gone"]);
+    assert!(rm.status.success(), "{}", stderr(&rm));
+    let found = search(&dir, &["--all", "spare key"]);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(found[0]["stream"], "keep");
+    let status = json(&run(&dir, &["index", "status", "--json"]));
+    let streams = status["streams"].as_array().unwrap();
+    assert_eq!(streams.len(), 1);
+    assert_eq!(streams[0]["passages"], 1);
+}
+
+#[test]
+fn a_database_from_before_the_index_gains_it_on_open() {
+    let dir = data_dir("search-v1");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations/fixtures/v1");
+    std::fs::create_dir_all(dir.join("db")).unwrap();
+    for entry in std::fs::read_dir(&fixture).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.join("db").join(entry.file_name())).unwrap();
+    }
+    assert!(!dir.join("index").exists());
+    let found = search(&dir, &["notes", "what does Ada drink"]);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(found[0]["text"], "Ada prefers tea.\n");
+    assert!(
+        found[0]["source"].is_null(),
+        "written before provenance was kept"
+    );
+}
+
+#[test]
+fn indexing_append_by_append_equals_a_rebuild() {
+    let dir = data_dir("search-rebuild");
+    let text = notes();
+    let file = dir.join("notes.md");
+    // The file grows in three pieces, each ingested (and indexed) as it comes.
+    let cuts = [text.len() / 3, text.len() * 2 / 3 + 7, text.len()];
+    let mut at = 0;
+    for cut in cuts {
+        let mut cut = cut;
+        while !text.is_char_boundary(cut) {
+            cut += 1;
+        }
+        std::fs::write(&file, &text[..cut]).unwrap();
+        assert!(run(
+            &dir,
+            &["ingest", "notes", file.to_str().unwrap(), "--no-process"]
+        )
+        .status
+        .success());
+        at = cut;
+    }
+    assert_eq!(at, text.len());
+    let queries = [
+        "wifi code",
+        "a garden teaches patience",
+        "lighthouse keepers",
+    ];
+    let before: Vec<_> = queries
+        .iter()
+        .map(|q| search(&dir, &["notes", q, "-k", "8"]))
+        .collect();
+    let rebuilt = json(&run(&dir, &["index", "rebuild", "--json"]));
+    assert_eq!(rebuilt["rebuilt"][0]["bytes"], text.len() as u64);
+    let after: Vec<_> = queries
+        .iter()
+        .map(|q| search(&dir, &["notes", q, "-k", "8"]))
+        .collect();
+    assert_eq!(before, after);
+}
+
+#[test]
+fn query_answers_from_memory_and_cited_passages_within_its_budget() {
+    let dir = data_dir("search-query");
+    let text = notes();
+    // The same fact in a short stream and in one ten times longer.
+    let long: String = std::iter::repeat_n(text.as_str(), 10).collect();
+    for (stream, body) in [("short", &text), ("long", &long)] {
+        let file = dir.join(format!("{stream}.md"));
+        std::fs::write(&file, body).unwrap();
+        assert!(run(
+            &dir,
+            &["ingest", stream, file.to_str().unwrap(), "--no-process"]
+        )
+        .status
+        .success());
+    }
+    let mut prompts = Vec::new();
+    for stream in ["short", "long"] {
+        let answer = json(&run(
+            &dir,
+            &[
+                "query",
+                stream,
+                "What is the wifi code at the lake house?",
+                "--json",
+                "--evidence-tokens",
+                "200",
+            ],
+        ));
+        let passages = answer["passages"].as_array().unwrap();
+        assert!(!passages.is_empty());
+        assert!(
+            passages
+                .iter()
+                .any(|p| p["text"].as_str().unwrap().contains("pinecone42")),
+            "{answer:#}"
+        );
+        assert_eq!(answer["template"]["id"], "memagent-evidence-answer");
+        assert_eq!(
+            answer["version"], 0,
+            "no memory yet: answered from the passages"
+        );
+        let prompt = answer["prompt_tokens"].as_u64().unwrap();
+        prompts.push(prompt);
+        // Template, chat wrapping and question take under 250 tokens.
+        assert!(prompt <= 200 + 250, "{stream}: {prompt} prompt tokens");
+        assert!(
+            answer["answer"].as_str().unwrap().contains("pinecone42"),
+            "{answer:#}"
+        );
+    }
+    eprintln!("prompt tokens, short and 10x longer stream: {prompts:?}");
+    // --memory-only is the memory's own answer, without passages.
+    let out = run(
+        &dir,
+        &["query", "short", "What is the wifi code?", "--memory-only"],
+    );
+    assert!(
+        !out.status.success(),
+        "no memory yet, and --memory-only does not search"
+    );
+    assert!(stderr(&out).contains("no memory"), "{}", stderr(&out));
+}
