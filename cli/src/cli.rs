@@ -347,20 +347,17 @@ pub struct GenerateArgs {
 
 #[derive(Debug, Args)]
 pub struct SearchArgs {
-    /// The stream to search (see `memctl streams list`); omit with --all
-    #[arg(required_unless_present = "all")]
-    pub stream: Option<String>,
-
-    /// What to look for: words, or a question or phrase with the same meaning
-    #[arg(required = true)]
-    pub text: String,
+    /// The stream to search (see `memctl streams list`), then what to look for: words,
+    /// or a question or phrase with the same meaning. With --all, only the text
+    #[arg(value_name = "STREAM] [TEXT", required = true, num_args = 1..=2)]
+    pub args: Vec<String>,
 
     /// Passages to return
     #[arg(short = 'k', long, default_value_t = 5)]
     pub k: usize,
 
     /// Search every stream
-    #[arg(long, conflicts_with = "stream")]
+    #[arg(long)]
     pub all: bool,
 
     /// Print the passages as JSON: text, stream, byte range, source file and line, time,

@@ -3,7 +3,7 @@
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use memagent_store::{Embedder, Evidence, Recall, Store};
 use serde_json::{json, Value};
 
@@ -91,19 +91,29 @@ pub fn document_evidence(
 }
 
 pub fn search(global: &GlobalArgs, args: &SearchArgs) -> Result<()> {
+    let (stream, text) = match (args.all, args.args.as_slice()) {
+        (false, [stream, text]) => (Some(stream.as_str()), text.as_str()),
+        (true, [text]) => (None, text.as_str()),
+        (false, [_]) => bail!("give the stream and the text to search for, or --all and the text"),
+        (true, _) => bail!("with --all, give only the text to search for"),
+        _ => bail!("give the stream and the text to search for"),
+    };
+    if args.k == 0 {
+        bail!("-k must be at least 1");
+    }
     let results: Vec<Value> = match Db::open(global)? {
         Db::Daemon(client) => {
-            let reply = client.post(
-                "/v1/search",
-                &json!({"stream": args.stream, "all": args.all, "text": args.text, "k": args.k}),
-            )?;
+            let body = match stream {
+                Some(s) => json!({"stream": s, "text": text, "k": args.k}),
+                None => json!({"all": true, "text": text, "k": args.k}),
+            };
+            let reply = client.post("/v1/search", &body)?;
             reply["passages"].as_array().cloned().unwrap_or_default()
         }
         Db::Local(store) => {
             let recall = open_recall(global, &store)?;
-            let streams: Option<Vec<&str>> = args.stream.as_deref().map(|s| vec![s]);
-            let found =
-                memagent_store::search(&store, &recall, streams.as_deref(), &args.text, args.k)?;
+            let streams: Option<Vec<&str>> = stream.map(|s| vec![s]);
+            let found = memagent_store::search(&store, &recall, streams.as_deref(), text, args.k)?;
             found
                 .iter()
                 .map(|e| serde_json::to_value(e).unwrap_or_default())
@@ -111,7 +121,7 @@ pub fn search(global: &GlobalArgs, args: &SearchArgs) -> Result<()> {
         }
     };
     if args.json {
-        return print_json(&json!({"text": args.text, "passages": results}));
+        return print_json(&json!({"text": text, "passages": results}));
     }
     let mut out = std::io::stdout().lock();
     if results.is_empty() {
