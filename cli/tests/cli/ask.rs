@@ -53,6 +53,7 @@ fn ask_answers_from_a_file_with_json_stats() {
             "--file",
             file.to_str().unwrap(),
             "--json",
+            "--memory-only",
             "What is the special magic number for Lisbon?",
         ],
         "",
@@ -88,6 +89,36 @@ fn ask_answers_from_a_file_with_json_stats() {
         assert!(!step[key].is_null(), "step lacks {key}: {step:#}");
     }
     assert_eq!(step["chunk_tokens"], v["input_tokens"]);
+}
+
+#[test]
+fn ask_answers_beside_the_document_s_passages_and_cites_them() {
+    let dir = tempdir();
+    let file = dir.join("notes.txt");
+    std::fs::write(&file, NEEDLE_DOC).unwrap();
+    let o = ask(
+        &[
+            "--file",
+            file.to_str().unwrap(),
+            "--json",
+            "What is the special magic number for Lisbon?",
+        ],
+        "",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["mode"], "evidence");
+    assert_eq!(v["templates"]["final"]["id"], "memagent-evidence-answer");
+    assert!(
+        v["extracted"].as_str().unwrap().contains("4817263"),
+        "{v:#}"
+    );
+    let passages = v["passages"].as_array().unwrap();
+    assert_eq!(passages.len(), 1, "one short document, one passage: {v:#}");
+    assert_eq!(passages[0]["start"], 0);
+    assert_eq!(passages[0]["end"], NEEDLE_DOC.len());
+    // The memory's own answer stays beside it.
+    assert!(v["memory_answer"]["extracted"].is_string(), "{v:#}");
 }
 
 #[test]
@@ -237,6 +268,7 @@ fn ask_through_an_openai_compatible_server() {
             "--chunk-tokens",
             "64",
             "--json",
+            "--memory-only",
             "What changed at the bakery?",
         ],
         &NEEDLE_DOC.repeat(3),
