@@ -21,12 +21,19 @@ mod error;
 mod haystack;
 mod needle;
 mod ruler;
+mod sessions;
+mod split;
 pub mod training;
 
 pub use error::{Error, Result};
 pub use haystack::Haystack;
 pub use needle::{single_needle, NeedleSample, CITIES};
 pub use ruler::{
-    compose, exact_match, f1, generate, normalize, recall_all, score, sub_em, Insert, QaItem,
-    RulerSample, Score, Scoring, Sources, Task, ALL_TASKS,
+    compose, exact_match, f1, generate, generate_split, normalize, recall_all, score, sub_em,
+    Insert, QaItem, RulerSample, Score, Scoring, Sources, Task, ALL_TASKS,
 };
+pub use sessions::{
+    session_chat, session_correct, Message as SessionMessage, QuestionKind, SessionQuestion,
+    SessionSample,
+};
+pub use split::EvalSplit;

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::haystack::Haystack;
 use super::needle::CITIES;
 use crate::error::{Error, Result};
+use crate::split::EvalSplit;
 use memagent_engine::agent::TextTokenizer;
 
 /// The task families.
@@ -157,23 +158,101 @@ pub struct Sources<'a> {
     pub qa: &'a [QaItem],
 }
 
-/// Generates `task` at about `tokens` tokens from `seed`.
+/// The sentence forms and keys of one split of the generated tasks.
+struct Forms {
+    keys: &'static [&'static str],
+    /// `{kind}`, `{key}`, `{value}`.
+    needle: &'static str,
+    question: &'static str,
+    /// `{key}`; then `{keys}` (four keys joined).
+    all_values: &'static str,
+    all_keys: &'static str,
+    /// `{name}`, `{value}`; then `{name}` and `{from}`; then `{value}`.
+    assign: &'static str,
+    assign_var: &'static str,
+    variables: &'static str,
+}
+
+/// RULER's own forms: the benchmark (`test`) split.
+const TEST_FORMS: Forms = Forms {
+    keys: CITIES,
+    needle: "One of the special magic {kind} for {key} is: {value}.",
+    question: "What is the special magic {kind} for {key} mentioned in the provided text?",
+    all_values: "What are all the special magic numbers for {key} mentioned in the provided text?",
+    all_keys: "What are all the special magic numbers for {keys} mentioned in the provided text?",
+    assign: "VAR {name} = {value}.",
+    assign_var: "VAR {name} = VAR {from}.",
+    variables: "Find all variables that are assigned the value {value} in the text above.",
+};
+
+/// Forms no benchmark uses: settings and prompts are chosen on this split.
+const VALIDATION_FORMS: Forms = Forms {
+    keys: &[
+        "the Danube",
+        "the Mekong",
+        "the Volga",
+        "the Zambezi",
+        "the Orinoco",
+        "the Yukon",
+        "the Rhine",
+        "the Ganges",
+        "the Loire",
+        "the Murray",
+        "the Tagus",
+        "the Indus",
+    ],
+    needle: "Keep in mind that the hidden {kind} recorded for {key} is {value}.",
+    question: "Which hidden {kind} was recorded for {key} in the text?",
+    all_values: "Which hidden numbers were recorded for {key} in the text? List all of them.",
+    all_keys: "Which hidden numbers were recorded for {keys} in the text? List all of them.",
+    assign: "Let {name} hold {value}.",
+    assign_var: "Let {name} hold whatever {from} holds.",
+    variables: "Which names end up holding {value} in the text above? List all of them.",
+};
+
+fn fill(form: &str, pairs: &[(&str, &str)]) -> String {
+    pairs.iter().fold(form.to_string(), |s, (k, v)| {
+        s.replace(&format!("{{{k}}}"), v)
+    })
+}
+
+/// Generates `task` at about `tokens` tokens from `seed`, in RULER's own forms (the
+/// benchmark split; [`generate_split`] draws the validation split).
 pub fn generate(
     sources: &Sources<'_>,
     task: Task,
     tokens: usize,
     seed: u64,
 ) -> Result<RulerSample> {
-    let mut rng = StdRng::seed_from_u64(seed ^ (task as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let mut keys: Vec<&str> = CITIES.to_vec();
+    generate_split(sources, task, tokens, seed, EvalSplit::Test)
+}
+
+/// Generates `task` at about `tokens` tokens from `seed` in `split`: the validation split
+/// has its own keys, sentence forms and seeds (pair it with its own filler,
+/// [`crate::training::validation_filler`]).
+pub fn generate_split(
+    sources: &Sources<'_>,
+    task: Task,
+    tokens: usize,
+    seed: u64,
+    split: EvalSplit,
+) -> Result<RulerSample> {
+    let (forms, salt) = match split {
+        EvalSplit::Test => (&TEST_FORMS, 0),
+        EvalSplit::Validation => (&VALIDATION_FORMS, 0x7A11_DA7E_u64 << 24),
+    };
+    let mut rng =
+        StdRng::seed_from_u64(seed ^ salt ^ (task as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut keys: Vec<&str> = forms.keys.to_vec();
     keys.shuffle(&mut rng);
     let number = |rng: &mut StdRng| rng.random_range(1_000_000u32..10_000_000).to_string();
     let needle = |kind: &str, key: &str, value: &str| {
-        format!("One of the special magic {kind} for {key} is: {value}.")
+        fill(
+            forms.needle,
+            &[("kind", kind), ("key", key), ("value", value)],
+        )
     };
-    let question_of = |kind: &str, key: &str| {
-        format!("What is the special magic {kind} for {key} mentioned in the provided text?")
-    };
+    let question_of = |kind: &str, key: &str| fill(forms.question, &[("kind", kind), ("key", key)]);
     let (inserts, question, expected): (Vec<String>, String, Vec<String>) = match task {
         Task::NiahSingle | Task::NiahSingleWord | Task::NiahSingleUuid => {
             let (kind, value) = match task {
@@ -204,10 +283,7 @@ pub fn generate(
                     .iter()
                     .map(|v| needle("numbers", keys[0], v))
                     .collect(),
-                format!(
-                    "What are all the special magic numbers for {} mentioned in the provided text?",
-                    keys[0]
-                ),
+                fill(forms.all_values, &[("key", keys[0])]),
                 values,
             )
         }
@@ -217,10 +293,12 @@ pub fn generate(
                 (0..4)
                     .map(|i| needle("numbers", keys[i], &values[i]))
                     .collect(),
-                format!(
-                    "What are all the special magic numbers for {}, {}, {} and {} mentioned in \
-                     the provided text?",
-                    keys[0], keys[1], keys[2], keys[3]
+                fill(
+                    forms.all_keys,
+                    &[(
+                        "keys",
+                        &format!("{}, {}, {} and {}", keys[0], keys[1], keys[2], keys[3]),
+                    )],
                 ),
                 values,
             )
@@ -232,17 +310,17 @@ pub fn generate(
                     .collect()
             });
             let value = rng.random_range(10_000u32..100_000).to_string();
-            let mut chain = vec![format!("VAR {} = {value}.", names[0])];
+            let mut chain = vec![fill(
+                forms.assign,
+                &[("name", &names[0]), ("value", &value)],
+            )];
             for pair in names.windows(2) {
-                chain.push(format!("VAR {} = VAR {}.", pair[1], pair[0]));
+                chain.push(fill(
+                    forms.assign_var,
+                    &[("name", &pair[1]), ("from", &pair[0])],
+                ));
             }
-            (
-                chain,
-                format!(
-                    "Find all variables that are assigned the value {value} in the text above."
-                ),
-                names,
-            )
+            (chain, fill(forms.variables, &[("value", &value)]), names)
         }
         Task::Cwe => return common_words(sources.tokenizer, task, tokens, seed, &mut rng),
         Task::Fwe => return frequent_words(sources.tokenizer, task, tokens, seed, &mut rng),

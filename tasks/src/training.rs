@@ -100,13 +100,19 @@ impl Fillers {
                     Haystack::from_text(&generated(SMALL_TALK, 0x5A11, 4000), "small talk")?,
                 ));
             }
-            Split::Validation => list.push((
-                "field-reports".to_string(),
-                Haystack::from_text(&generated(REPORTS, 0xF1E1D, 4000), "field reports")?,
-            )),
+            Split::Validation => list.push(("field-reports".to_string(), validation_filler()?)),
         }
         Ok(Self { list })
     }
+}
+
+/// The validation splits' filler (generated field reports), which no benchmark and no
+/// training data uses.
+pub fn validation_filler() -> Result<Haystack> {
+    Haystack::from_text(
+        &generated(REPORTS, 0xF1E1D, 4000),
+        "generated field reports",
+    )
 }
 
 /// One step of a trajectory: the chunk read and the memory before and after it.

@@ -137,3 +137,47 @@ fn tasks_are_deterministic_placed_and_sized() {
         }
     }
 }
+
+#[test]
+fn the_validation_split_shares_no_sentence_key_or_seed_with_the_benchmark() {
+    use memagent_tasks::{generate_split, EvalSplit};
+    let tokenizer = Tokenizer::from_file(&support::model_path()).unwrap();
+    let filler = memagent_tasks::training::validation_filler().unwrap();
+    let sources = Sources {
+        haystack: &filler,
+        tokenizer: &tokenizer,
+        qa: &[],
+    };
+    for task in [
+        Task::NiahSingle,
+        Task::NiahMultikey,
+        Task::NiahMultivalue,
+        Task::NiahMultiquery,
+        Task::Vt,
+    ] {
+        let test = generate_split(&sources, task, 1024, 3, EvalSplit::Test).unwrap();
+        assert_eq!(
+            test.document,
+            generate(&sources, task, 1024, 3).unwrap().document,
+            "{task}: the test split is the benchmark's"
+        );
+        let v = generate_split(&sources, task, 1024, 3, EvalSplit::Validation).unwrap();
+        let again = generate_split(&sources, task, 1024, 3, EvalSplit::Validation).unwrap();
+        assert_eq!(v.document, again.document, "{task}: deterministic");
+        assert_ne!(v.expected, test.expected, "{task}: other values");
+        for word in ["special magic", "VAR ", "mentioned in the provided text"] {
+            assert!(!v.document.contains(word), "{task}: `{word}` in validation");
+            assert!(!v.question.contains(word), "{task}: `{word}` in validation");
+        }
+        assert!(
+            !memagent_tasks::CITIES
+                .iter()
+                .any(|c| v.question.contains(c)),
+            "{task}: a benchmark key in {}",
+            v.question
+        );
+        for value in &v.expected {
+            assert!(v.document.contains(value.as_str()), "{task}: {value}");
+        }
+    }
+}
