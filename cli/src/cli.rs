@@ -7,7 +7,8 @@ use clap::{Args, Parser, Subcommand};
 /// memagent: long-term memory for assistants and agents, at a fixed prompt size.
 ///
 /// A language model reads any stream of text chunk by chunk and rewrites a bounded,
-/// human-readable memory after each chunk; answers come from that memory alone.
+/// human-readable memory after each chunk; answers come from that memory beside the
+/// passages a search over everything stored finds for the question, and cite them.
 ///
 /// Exit codes: 0 success, 1 error, 2 usage error.
 #[derive(Debug, Parser)]
@@ -343,6 +344,67 @@ pub struct GenerateArgs {
     /// Print the reply with token counts and timings as JSON
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchSessionsArgs {
+    /// `validation` (prompts and settings may be chosen on it) or `test` (reported only)
+    #[arg(long, default_value = "validation")]
+    pub split: memagent_tasks::EvalSplit,
+
+    /// Chats to generate (seeds 1.. of the split)
+    #[arg(long, default_value_t = 8)]
+    pub samples: u64,
+
+    /// Sessions per chat
+    #[arg(long, default_value_t = 6)]
+    pub sessions: usize,
+
+    /// Answer modes: `evidence` (memory and passages, as `memctl query`), `memory`
+    /// (the memory alone, `--memory-only`)
+    #[arg(long, value_delimiter = ',', default_value = "evidence,memory")]
+    pub modes: Vec<String>,
+
+    /// Leave the general memory empty (skip the memory steps): evidence alone
+    #[arg(long)]
+    pub no_memory: bool,
+
+    /// Append each question's result as a JSON line to this file
+    #[arg(long, value_name = "PATH")]
+    pub output: Option<PathBuf>,
+
+    /// Write each generated chat to DIR/chat-SEED.jsonl (a chat log `memctl ingest
+    /// --format chat-jsonl` and the daemon read), to try it by hand
+    #[arg(long, value_name = "DIR")]
+    pub save_chats: Option<PathBuf>,
+
+    #[arg(long)]
+    pub json: bool,
+
+    #[command(flatten)]
+    pub run: LoopArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchRecallArgs {
+    /// Stream sizes to index and search, in millions of (approximately) tokens
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub millions: Vec<f64>,
+
+    /// Index the large streams by words alone (embedding 10M tokens takes hours on two
+    /// cores; vector search is then timed over random vectors of the same count)
+    #[arg(long)]
+    pub words_only: bool,
+
+    /// Searches timed per stream size
+    #[arg(long, default_value_t = 50)]
+    pub searches: usize,
+
+    #[arg(long)]
+    pub json: bool,
+
+    #[command(flatten)]
+    pub run: LoopArgs,
 }
 
 #[derive(Debug, Args)]
@@ -802,6 +864,13 @@ pub struct TokenizeArgs {
 pub enum BenchCommand {
     /// Prefill and decode speed of the local engine, with peak memory
     Engine(BenchEngineArgs),
+    /// Multi-session chats: facts stated once and asked sessions later, facts changed
+    /// later (the newest value is right), and questions about things never said (the
+    /// answer must say so); accuracy of each kind per answer mode
+    Sessions(BenchSessionsArgs),
+    /// Recall's speed: embedding throughput, indexing cost per chunk, search latency on
+    /// large streams, index size
+    Recall(BenchRecallArgs),
     /// Single-needle retrieval against document length: the memory loop vs the whole
     /// document in one prompt (--direct), with accuracy and seconds per 1K input tokens
     Needle(Box<BenchNeedleArgs>),
@@ -925,11 +994,25 @@ pub struct BenchRulerArgs {
     /// Seed of the first sample (sample i uses this + i, the same at every length)
     #[arg(long, default_value_t = 1)]
     pub task_seed: u64,
-    /// Modes: `memory` (the loop, asked with the question), `direct` (one prompt; n/a
-    /// where it does not fit) and, with --stream, `general` (the question-free memory that
-    /// `memctl ingest` keeps, asked as `memctl query` asks)
+    /// Modes: `memory` (the loop, asked with the question: `memctl ask --memory-only`),
+    /// `evidence` (the loop's final memory beside the document's passages found for the
+    /// question: `memctl ask`), `passages` (the passages alone, no loop), `direct` (one
+    /// prompt; n/a where it does not fit) and, with --stream, `general` (the question-free
+    /// memory that `memctl ingest` keeps, asked as `memctl query --memory-only` asks).
+    /// `memory` and `evidence` share one loop per sample
     #[arg(long, value_delimiter = ',', default_value = "memory,direct")]
     pub modes: Vec<String>,
+    /// `test`: RULER's own sentences and keys (the benchmark); `validation`: other
+    /// sentences, keys, seeds and filler (generated field reports unless --haystack),
+    /// on which settings are chosen
+    #[arg(long, default_value = "test")]
+    pub split: memagent_tasks::EvalSplit,
+    /// Passages searched for the question (evidence and passages modes)
+    #[arg(short = 'k', long, default_value_t = 8)]
+    pub passages: usize,
+    /// Tokens of passages the answer's prompt may hold (evidence and passages modes)
+    #[arg(long, value_name = "TOKENS", default_value_t = memagent_store::EVIDENCE_TOKENS)]
+    pub evidence_tokens: usize,
     /// Read each sample through the store: its document becomes the stream
     /// NAME/TASK/LENGTH/seedN/C…-M… of the database, read into its general memory as
     /// `memctl ingest` reads; `memory` then asks with a question chain (as `memctl query

@@ -250,7 +250,9 @@ pub fn embedder_dir(global: &GlobalArgs) -> Result<Option<PathBuf>> {
         let dir = PathBuf::from(choice);
         if !dir.join("model.safetensors").is_file() {
             bail!(
-                "embedder not found at {} (from {source}): it needs model.safetensors,                  tokenizer.json and config.json; run scripts/fetch-model, or pass                  --embedder none to search by words alone",
+                "embedder not found at {} (from {source}): it needs model.safetensors, \
+                 tokenizer.json and config.json; run scripts/fetch-model, or pass \
+                 --embedder none to search by words alone",
                 dir.display()
             );
         }

@@ -10,7 +10,7 @@
 //! are logged with the file and never stop the daemon. The crate never prints.
 //!
 //! ```no_run
-//! # fn demo() -> memagent_watcher::Result<()> {
+//! # fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
 //! use memagent_watcher::{DaemonInfo, DaemonOptions, EngineHandle};
 //!

@@ -172,16 +172,7 @@ pub fn needle(global: &GlobalArgs, args: &BenchNeedleArgs) -> Result<()> {
         bail!("nothing to run: --samples and --lengths must be non-empty");
     }
     let haystack = haystack(args.haystack.as_deref())?;
-    let mut output = match &args.output {
-        Some(path) => Some(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .with_context(|| format!("cannot open {}", path.display()))?,
-        ),
-        None => None,
-    };
+    let mut output = open_output(args.output.as_deref())?;
     let backend = super::ModelBackend::open(global, &args.run.backend)?;
     let profile = backend.profile(&args.run.profile)?;
     tracing::info!(
@@ -332,6 +323,18 @@ fn seconds_per_k(results: &[&NeedleResult]) -> String {
     let seconds: f64 = ran.iter().map(|r| r.seconds).sum();
     let tokens: usize = ran.iter().map(|r| r.input_tokens).sum();
     format!("{:.2}", seconds / (tokens as f64 / 1000.0))
+}
+
+/// The file of `--output`, opened for appending.
+pub(super) fn open_output(path: Option<&Path>) -> Result<Option<std::fs::File>> {
+    path.map(|path| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("cannot open {}", path.display()))
+    })
+    .transpose()
 }
 
 /// The haystack of `--haystack`, else the shared essays, else RULER's noise.

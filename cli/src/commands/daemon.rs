@@ -194,8 +194,16 @@ pub fn status(global: &GlobalArgs, json: bool) -> Result<()> {
     )?;
     writeln!(
         out,
-        "{:<24} {:>10} {:>10} {:>8} {:>8} {:>9} {:>9} {:>8}",
-        "stream", "bytes", "pending", "p.tokens", "version", "lag s", "lag p50", "tok/s"
+        "{:<24} {:>10} {:>10} {:>8} {:>8} {:>9} {:>9} {:>8} {:>10}",
+        "stream",
+        "bytes",
+        "pending",
+        "p.tokens",
+        "version",
+        "lag s",
+        "lag p50",
+        "tok/s",
+        "unindexed"
     )?;
     let num = |v: &Value, digits: usize| match v.as_f64() {
         Some(x) => format!("{x:.digits$}"),
@@ -204,7 +212,7 @@ pub fn status(global: &GlobalArgs, json: bool) -> Result<()> {
     for s in status["streams"].as_array().into_iter().flatten() {
         writeln!(
             out,
-            "{:<24} {:>10} {:>10} {:>8} {:>8} {:>9} {:>9} {:>8}",
+            "{:<24} {:>10} {:>10} {:>8} {:>8} {:>9} {:>9} {:>8} {:>10}",
             s["stream"].as_str().unwrap_or(""),
             num(&s["log_bytes"], 0),
             num(&s["pending_bytes"], 0),
@@ -213,6 +221,7 @@ pub fn status(global: &GlobalArgs, json: bool) -> Result<()> {
             num(&s["lag_seconds"], 1),
             num(&s["lag_p50_seconds"], 1),
             num(&s["tokens_per_second"], 1),
+            num(&s["index_lag_bytes"], 0),
         )?;
         if let Some(e) = s["last_error"].as_str() {
             writeln!(out, "  last error: {e}")?;

@@ -11,6 +11,7 @@ mod mcp;
 mod model;
 mod recall;
 mod ruler;
+mod sessions;
 mod streams;
 mod tokenize;
 mod train;
@@ -54,6 +55,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Model(ModelCommand::Export(args)) => model::export(&cli.global, &args),
         Command::Tokenize(args) => tokenize::run(&cli.global, &args),
         Command::Bench(BenchCommand::Engine(args)) => bench::engine(&cli.global, &args),
+        Command::Bench(BenchCommand::Sessions(args)) => sessions::run(&cli.global, &args),
+        Command::Bench(BenchCommand::Recall(args)) => recall::bench(&cli.global, &args),
         Command::Bench(BenchCommand::Needle(args)) => bench::needle(&cli.global, &args),
         Command::Bench(BenchCommand::Store(args)) => bench::store(&cli.global, &args),
         Command::Bench(BenchCommand::Daemon(args)) => bench::daemon(&cli.global, &args),

@@ -7,9 +7,9 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
-use memagent_engine::agent::MemoryAgent;
+use memagent_engine::agent::{MemoryAgent, NO_MEMORY};
 use memagent_store::{Ingestor, Store, StreamRecord, GENERAL, GENERAL_ANSWER};
-use memagent_tasks::{generate, score, QaItem, RulerSample, Sources, Task};
+use memagent_tasks::{generate_split, score, EvalSplit, QaItem, RulerSample, Sources, Task};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::{BenchRulerArgs, GlobalArgs};
@@ -42,10 +42,30 @@ pub struct Record {
     /// The store stream the sample was read through (`--stream`).
     #[serde(default)]
     pub stream: Option<String>,
+    /// Which split generated the sample.
+    #[serde(default = "test_split")]
+    pub split: EvalSplit,
+}
+
+fn test_split() -> EvalSplit {
+    EvalSplit::Test
 }
 
 impl Record {
-    fn key(&self) -> (Task, usize, u64, String, String, usize, usize, bool) {
+    #[allow(clippy::type_complexity)]
+    fn key(
+        &self,
+    ) -> (
+        Task,
+        usize,
+        u64,
+        String,
+        String,
+        usize,
+        usize,
+        bool,
+        EvalSplit,
+    ) {
         (
             self.task,
             self.length,
@@ -55,6 +75,7 @@ impl Record {
             self.chunk_tokens,
             self.memory_tokens,
             self.stream.is_some(),
+            self.split,
         )
     }
 }
@@ -107,11 +128,17 @@ pub fn run(global: &GlobalArgs, args: &BenchRulerArgs) -> Result<()> {
     for mode in &args.modes {
         match mode.as_str() {
             "memory" | "direct" => {}
+            "evidence" | "passages" if args.stream.is_some() => bail!(
+                "the {mode} mode reads documents without the store: leave out --stream"
+            ),
+            "evidence" | "passages" => {}
             "general" if args.stream.is_none() => bail!(
                 "the general mode reads samples into a stream's general memory: give --stream NAME"
             ),
             "general" => {}
-            _ => bail!("unknown mode `{mode}` in --modes; expected memory, direct or general"),
+            _ => bail!(
+                "unknown mode `{mode}` in --modes; expected memory, evidence, passages, direct or general"
+            ),
         }
     }
     if args.samples == 0 || args.lengths.is_empty() || tasks.is_empty() {
@@ -126,7 +153,25 @@ pub fn run(global: &GlobalArgs, args: &BenchRulerArgs) -> Result<()> {
         }
         None => Vec::new(),
     };
-    let haystack = super::bench::haystack(args.haystack.as_deref())?;
+    let haystack = match (args.split, &args.haystack) {
+        (EvalSplit::Validation, None) => memagent_tasks::training::validation_filler()?,
+        (_, dir) => super::bench::haystack(dir.as_deref())?,
+    };
+    if args.passages == 0 {
+        bail!("-k must be at least 1");
+    }
+    let searcher = Searcher {
+        embedder: match args
+            .modes
+            .iter()
+            .any(|m| m == "evidence" || m == "passages")
+        {
+            true => super::recall::load_embedder(global)?,
+            false => None,
+        },
+        k: args.passages,
+        budget: args.evidence_tokens,
+    };
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
     let saved_path = args.out.join("results.jsonl");
@@ -173,8 +218,9 @@ pub fn run(global: &GlobalArgs, args: &BenchRulerArgs) -> Result<()> {
         let mut ingested = HashSet::new();
         for &length in &args.lengths {
             for &task in &tasks {
-                // A sample's modes share its document.
+                // A sample's modes share its document, and `memory` and `evidence` its loop.
                 let mut samples: BTreeMap<u64, RulerSample> = BTreeMap::new();
+                let mut loops: BTreeMap<u64, Loop> = BTreeMap::new();
                 for mode in &args.modes {
                     let mut pending = Vec::new();
                     for i in 0..args.samples {
@@ -197,6 +243,7 @@ pub fn run(global: &GlobalArgs, args: &BenchRulerArgs) -> Result<()> {
                             steps: 0,
                             seconds: 0.0,
                             stream: None,
+                            split: args.split,
                         };
                         let blank = Record {
                             stream: match (&stored, mode.as_str()) {
@@ -217,7 +264,9 @@ pub fn run(global: &GlobalArgs, args: &BenchRulerArgs) -> Result<()> {
                             if let std::collections::btree_map::Entry::Vacant(slot) =
                                 samples.entry(blank.seed)
                             {
-                                slot.insert(generate(&sources, task, length, blank.seed)?);
+                                slot.insert(generate_split(
+                                    &sources, task, length, blank.seed, args.split,
+                                )?);
                             }
                         }
                         let group: Vec<(&RulerSample, Record)> = group
@@ -228,7 +277,7 @@ pub fn run(global: &GlobalArgs, args: &BenchRulerArgs) -> Result<()> {
                             Some(stored) if mode != "direct" => {
                                 stored.run(agent, group, &mut ingested)?
                             }
-                            _ => run_group(agent, group)?,
+                            _ => run_group(agent, group, &searcher, &mut loops)?,
                         };
                         for record in finished {
                             ran += 1;
@@ -268,9 +317,11 @@ pub fn run(global: &GlobalArgs, args: &BenchRulerArgs) -> Result<()> {
                 && r.chunk_tokens == profile.chunk_tokens
                 && r.memory_tokens == profile.memory_tokens
                 && (r.mode == "direct" || r.stream.is_some() == args.stream.is_some())
+                && r.split == args.split
         })
         .collect();
-    write_report(&args.out, &report, &model, &profile, haystack.source())?;
+    let source = format!("{} ({} split)", haystack.source(), args.split);
+    write_report(&args.out, &report, &model, &profile, &source)?;
     println!(
         "{ran} samples run, {skipped} resumed; report in {}",
         args.out.join("report.md").display()
@@ -279,28 +330,116 @@ pub fn run(global: &GlobalArgs, args: &BenchRulerArgs) -> Result<()> {
     Ok(())
 }
 
+/// How the evidence modes search a document.
+struct Searcher {
+    embedder: Option<std::sync::Arc<memagent_store::Embedder>>,
+    k: usize,
+    budget: usize,
+}
+
+/// A sample's memory loop, shared by the `memory` and `evidence` modes.
+struct Loop {
+    memory: String,
+    answer: String,
+    steps: usize,
+    seconds: f64,
+}
+
 /// Samples of one mode without the store: the memory loop over all of them as one batch
-/// (each sample's seconds are its share of the batch's time, by tokens), the direct
-/// answer one by one.
-fn run_group(agent: &MemoryAgent<'_>, group: Vec<(&RulerSample, Record)>) -> Result<Vec<Record>> {
-    if group.first().is_some_and(|(_, r)| r.mode == "memory") {
-        let started = Instant::now();
-        let jobs: Vec<(&str, &str)> = group
+/// (each sample's seconds are its share of the batch's time, by tokens; a loop run for
+/// one of `memory` and `evidence` serves the other), then the answer: from the memory
+/// (`memory`), from the memory beside the document's passages (`evidence`), from the
+/// passages alone (`passages`), or from the whole document in one prompt (`direct`, one
+/// by one).
+fn run_group(
+    agent: &MemoryAgent<'_>,
+    group: Vec<(&RulerSample, Record)>,
+    searcher: &Searcher,
+    loops: &mut BTreeMap<u64, Loop>,
+) -> Result<Vec<Record>> {
+    let Some(mode) = group.first().map(|(_, r)| r.mode.clone()) else {
+        return Ok(Vec::new());
+    };
+    if mode == "memory" || mode == "evidence" {
+        let todo: Vec<&(&RulerSample, Record)> = group
             .iter()
-            .map(|(s, _)| (s.document.as_str(), s.question.as_str()))
+            .filter(|(s, _)| !loops.contains_key(&s.seed))
             .collect();
-        let runs = agent.run_many(&jobs, &mut |_, _| {})?;
-        let seconds = started.elapsed().as_secs_f64();
-        let tokens: usize = runs.iter().map(|r| r.input_tokens).sum();
+        if !todo.is_empty() {
+            let started = Instant::now();
+            let jobs: Vec<(&str, &str)> = todo
+                .iter()
+                .map(|(s, _)| (s.document.as_str(), s.question.as_str()))
+                .collect();
+            let runs = agent.run_many(&jobs, &mut |_, _| {})?;
+            let seconds = started.elapsed().as_secs_f64();
+            let tokens: usize = runs.iter().map(|r| r.input_tokens).sum();
+            for ((sample, _), run) in todo.into_iter().zip(runs) {
+                let share = seconds * run.input_tokens as f64 / tokens.max(1) as f64;
+                loops.insert(
+                    sample.seed,
+                    Loop {
+                        memory: run
+                            .steps
+                            .last()
+                            .map_or(NO_MEMORY.to_string(), |s| s.memory.clone()),
+                        // The final answer's own time is in the loop's.
+                        seconds: share,
+                        steps: run.steps.len(),
+                        answer: run.final_answer.answer,
+                    },
+                );
+            }
+        }
+    }
+    if mode == "memory" {
         return Ok(group
             .into_iter()
-            .zip(runs)
-            .map(|((sample, mut record), run)| {
-                record.steps = run.steps.len();
-                record.seconds = seconds * run.input_tokens as f64 / tokens.max(1) as f64;
-                scored(sample, record, Some(run.final_answer.answer))
+            .map(|(sample, mut record)| {
+                let run = &loops[&sample.seed];
+                record.steps = run.steps;
+                record.seconds = run.seconds;
+                let answer = run.answer.clone();
+                scored(sample, record, Some(answer))
             })
             .collect());
+    }
+    if mode == "evidence" || mode == "passages" {
+        let mut out = Vec::with_capacity(group.len());
+        for (sample, mut record) in group {
+            let started = Instant::now();
+            let found = super::recall::document_evidence(
+                searcher.embedder.clone(),
+                &sample.document,
+                &sample.question,
+                searcher.k,
+            )?;
+            let memory = match mode.as_str() {
+                "evidence" => {
+                    let run = &loops[&sample.seed];
+                    record.steps = run.steps;
+                    record.seconds = run.seconds;
+                    run.memory.clone()
+                }
+                _ => NO_MEMORY.to_string(),
+            };
+            let memory = memagent_store::MemoryVersion {
+                text: memory,
+                ..memagent_watcher::empty_memory()
+            };
+            let question = [sample.question.clone()];
+            let answered = memagent_watcher::answer_with_evidence(
+                agent,
+                &memory,
+                &question,
+                vec![found],
+                searcher.budget,
+            )?;
+            record.seconds += started.elapsed().as_secs_f64();
+            let answer = answered.into_iter().next().map(|(r, _)| r.answer);
+            out.push(scored(sample, record, answer));
+        }
+        return Ok(out);
     }
     let mut out = Vec::with_capacity(group.len());
     for (sample, mut record) in group {
