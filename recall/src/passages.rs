@@ -248,6 +248,32 @@ fn keys(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// Whether `passage` shares a word (stop words aside) with `question`.
+pub fn shares_words(passage: &str, question: &str) -> bool {
+    let have = keys(passage);
+    keys(question).iter().any(|w| have.contains(w))
+}
+
+/// The names in `question`: capitalised words that do not start a sentence (`I` aside),
+/// without a possessive `'s`.
+pub fn names(question: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut starts = true;
+    for word in question.split_whitespace() {
+        let bare = word.trim_matches(|c: char| !c.is_alphanumeric());
+        let bare = bare
+            .strip_suffix("'s")
+            .or_else(|| bare.strip_suffix("\u{2019}s"))
+            .unwrap_or(bare);
+        let capital = bare.chars().next().is_some_and(char::is_uppercase);
+        if !starts && capital && bare != "I" && !out.iter().any(|n| n == bare) {
+            out.push(bare.to_string());
+        }
+        starts = word.ends_with(['.', '?', '!', ':']);
+    }
+    out
+}
+
 /// The sentences of `passage` that share the most words with `question`, at most
 /// `keep`, in their order and joined by " … "; the passage itself when no sentence
 /// shares a word (it was found by meaning) or it has no more sentences than `keep`.
@@ -304,6 +330,21 @@ pub fn focus(passage: &str, question: &str, keep: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_are_the_capitalised_words_inside_a_sentence() {
+        assert_eq!(names("When is Ingrid's birthday?"), ["Ingrid"]);
+        assert_eq!(
+            names("What does my colleague Tomas do? Ask Ada and Tomas."),
+            ["Tomas", "Ada"]
+        );
+        assert!(names("Where do I keep the wifi password?").is_empty());
+        assert!(shares_words(
+            "Ingrid lives in Porto.",
+            "Where does Ingrid live?"
+        ));
+        assert!(!shares_words("The sky is blue.", "Where does Ingrid live?"));
+    }
 
     fn texts<'a>(text: &'a str, cut: &Cut) -> Vec<&'a str> {
         cut.closed

@@ -5,7 +5,7 @@
 use std::cell::RefCell;
 
 use memagent_engine::agent::{AnswerReport, MemoryAgent, TextTokenizer};
-use memagent_recall::passages::focus;
+use memagent_recall::passages::{focus, names, shares_words};
 use memagent_recall::{Hit, LogSource, Origin, Recall, SearchRequest, SyncReport};
 use serde::Serialize;
 
@@ -174,6 +174,25 @@ fn recall_error(e: memagent_recall::Error) -> Error {
 /// memory tokens, the prompt stays under 1,100 tokens however long the stream grows.
 pub const EVIDENCE_TOKENS: usize = 512;
 
+/// A passage that shares no word with the question enters an answer's prompt only when
+/// its embedding is at least this similar to the question's (cosine).
+pub const MEANING_ONLY_SIMILARITY: f32 = 0.35;
+
+/// A name the question asks about (a capitalised word inside it) that none of the
+/// passages found for it and not the memory mention: what the stream never said, so
+/// the answer is "not known" without asking the model. The search ranks any passage
+/// holding a rare name near the top, so a name absent from the passages found is absent
+/// from the stream.
+pub fn unmentioned(question: &str, found: &[Evidence], memory: &str) -> Option<String> {
+    names(question).into_iter().find(|name| {
+        let name = name.to_lowercase();
+        !memory.to_lowercase().contains(&name)
+            && !found
+                .iter()
+                .any(|e| e.hit.text.to_lowercase().contains(&name))
+    })
+}
+
 /// Sentences of each passage an answer prompt keeps (those sharing the most words with
 /// the question; the whole passage when none does).
 pub const FOCUS_SENTENCES: usize = 2;
@@ -192,6 +211,13 @@ pub fn evidence_block(
     let mut chosen = Vec::new();
     let mut used = 0;
     for e in evidence {
+        // Found by meaning alone, sharing no word with the question, and not close in
+        // meaning either: it only filled a place among the k.
+        if !shares_words(&e.hit.text, question)
+            && e.hit.similarity.is_none_or(|s| s < MEANING_ONLY_SIMILARITY)
+        {
+            continue;
+        }
         let text = focus(&e.hit.text, question, FOCUS_SENTENCES);
         // Numbers take a few tokens; counted with a generous "[10] ".
         let tokens = tokenizer

@@ -227,7 +227,9 @@ pub fn serve(
 }
 
 /// Each question's passages as its prompt's evidence block, then the answers as one
-/// batch.
+/// batch. A question that names someone or something that neither the passages found
+/// nor the memory mention is answered "not known" without the model (see
+/// [`memagent_store::unmentioned`]), with no passage.
 pub fn answer_with_evidence(
     agent: &MemoryAgent<'_>,
     memory: &MemoryVersion,
@@ -236,20 +238,40 @@ pub fn answer_with_evidence(
     budget: usize,
 ) -> memagent_store::Result<Vec<(AnswerReport, Vec<Evidence>)>> {
     let mut blocks = Vec::with_capacity(found.len());
+    let mut absent = Vec::with_capacity(found.len());
     for (question, hits) in questions.iter().zip(found) {
+        absent.push(memagent_store::unmentioned(question, &hits, &memory.text));
         blocks.push(evidence_block(agent.tokenizer(), question, hits, budget)?);
     }
     let items: Vec<(&str, &str)> = questions
         .iter()
         .zip(&blocks)
-        .map(|(q, (block, _))| (q.as_str(), block.as_str()))
+        .zip(&absent)
+        .filter(|(_, absent)| absent.is_none())
+        .map(|((q, (block, _)), _)| (q.as_str(), block.as_str()))
         .collect();
-    let reports = evidence_answers(agent, &memory.text, &items)?;
-    Ok(reports
-        .into_iter()
-        .zip(blocks)
-        .map(|(r, (_, used))| (r, used))
-        .collect())
+    let mut reports = evidence_answers(agent, &memory.text, &items)?.into_iter();
+    let mut out = Vec::with_capacity(blocks.len());
+    for ((_, used), absent) in blocks.into_iter().zip(absent) {
+        out.push(match absent {
+            None => (reports.next().expect("one answer per asked question"), used),
+            Some(name) => {
+                let reply = format!("Not known: nothing stored mentions {name}.");
+                let report = AnswerReport {
+                    answer: reply.clone(),
+                    reply,
+                    template: memagent_engine::agent::EVIDENCE_ANSWER,
+                    prompt_tokens: 0,
+                    completion_tokens: 0,
+                    stop_reason: memagent_engine::StopReason::EndOfTurn,
+                    seconds: 0.0,
+                    timings: None,
+                };
+                (report, Vec::new())
+            }
+        });
+    }
+    Ok(out)
 }
 
 fn steps(

@@ -51,7 +51,7 @@ fn an_mcp_client_remembers_recalls_and_reads_memory() {
     names.sort();
     assert_eq!(
         names,
-        ["history", "memory", "recall", "remember", "streams"],
+        ["history", "memory", "recall", "remember", "search", "streams"],
         "{:#}",
         r[0]
     );

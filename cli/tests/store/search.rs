@@ -318,3 +318,64 @@ fn query_answers_from_memory_and_cited_passages_within_its_budget() {
     );
     assert!(stderr(&out).contains("no memory"), "{}", stderr(&out));
 }
+
+#[test]
+fn a_question_about_a_name_never_stored_is_not_known_without_the_model() {
+    let dir = data_dir("search-unknown");
+    let file = dir.join("notes.md");
+    std::fs::write(&file, notes()).unwrap();
+    assert!(run(
+        &dir,
+        &["ingest", "notes", file.to_str().unwrap(), "--no-process"]
+    )
+    .status
+    .success());
+    let answer = json(&run(
+        &dir,
+        &[
+            "query",
+            "notes",
+            "Where does my cousin Ingrid live?",
+            "--json",
+        ],
+    ));
+    assert_eq!(
+        answer["answer"], "Not known: nothing stored mentions Ingrid.",
+        "{answer:#}"
+    );
+    assert_eq!(answer["prompt_tokens"], 0, "no model call: {answer:#}");
+    assert_eq!(answer["passages"].as_array().map(Vec::len), Some(0));
+    // A name the notes hold is asked of the model, with its passage.
+    std::fs::write(
+        &file,
+        format!("{}\nMy cousin Ingrid lives in Tallinn.\n", notes()),
+    )
+    .unwrap();
+    assert!(run(
+        &dir,
+        &["ingest", "notes", file.to_str().unwrap(), "--no-process"]
+    )
+    .status
+    .success());
+    let answer = json(&run(
+        &dir,
+        &[
+            "query",
+            "notes",
+            "Where does my cousin Ingrid live?",
+            "--json",
+        ],
+    ));
+    assert!(answer["prompt_tokens"].as_u64().unwrap() > 0, "{answer:#}");
+    assert!(
+        answer["passages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["text"]
+                .as_str()
+                .unwrap()
+                .contains("Ingrid lives in Tallinn")),
+        "{answer:#}"
+    );
+}

@@ -32,7 +32,7 @@ pub const GENERAL_ANSWER: Template = Template {
 /// (`{chunk}`: the numbered passages).
 pub const EVIDENCE_ANSWER: Template = Template {
     id: "memagent-evidence-answer",
-    version: 1,
+    version: 2,
     text: include_str!("templates/evidence-answer.txt"),
 };
 
