@@ -11,6 +11,7 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::split::EvalSplit;
+use crate::training::MONTHS;
 
 /// What a question asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -168,20 +169,6 @@ const JOBS: &[&str] = &[
 ];
 const PETS: &[&str] = &[
     "Biscuit", "Pepper", "Nimbus", "Waffles", "Juniper", "Rocket", "Mochi",
-];
-const MONTHS: &[&str] = &[
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
 ];
 const ASSISTANT_REPLIES: &[&str] = &[
     "Noted.",

@@ -729,7 +729,7 @@ const ITEMS: &[&str] = &[
     "dentist appointment",
 ];
 const PETS: &[&str] = &["Biscuit", "Luna", "Pepper", "Rocky", "Milo", "Nala"];
-const MONTHS: &[&str] = &[
+pub(crate) const MONTHS: &[&str] = &[
     "January",
     "February",
     "March",

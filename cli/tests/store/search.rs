@@ -319,26 +319,31 @@ fn query_answers_from_memory_and_cited_passages_within_its_budget() {
     assert!(stderr(&out).contains("no memory"), "{}", stderr(&out));
 }
 
-#[test]
-fn a_question_about_a_name_never_stored_is_not_known_without_the_model() {
-    let dir = data_dir("search-unknown");
-    let file = dir.join("notes.md");
-    std::fs::write(&file, notes()).unwrap();
+/// Appends `file` to the stream `notes` (no memory step) and asks about Ingrid.
+fn ingest_and_ask(dir: &Path, file: &Path) -> Value {
     assert!(run(
-        &dir,
+        dir,
         &["ingest", "notes", file.to_str().unwrap(), "--no-process"]
     )
     .status
     .success());
-    let answer = json(&run(
-        &dir,
+    json(&run(
+        dir,
         &[
             "query",
             "notes",
             "Where does my cousin Ingrid live?",
             "--json",
         ],
-    ));
+    ))
+}
+
+#[test]
+fn a_question_about_a_name_never_stored_is_not_known_without_the_model() {
+    let dir = data_dir("search-unknown");
+    let file = dir.join("notes.md");
+    std::fs::write(&file, notes()).unwrap();
+    let answer = ingest_and_ask(&dir, &file);
     assert_eq!(
         answer["answer"], "Not known: nothing stored mentions Ingrid.",
         "{answer:#}"
@@ -351,21 +356,7 @@ fn a_question_about_a_name_never_stored_is_not_known_without_the_model() {
         format!("{}\nMy cousin Ingrid lives in Tallinn.\n", notes()),
     )
     .unwrap();
-    assert!(run(
-        &dir,
-        &["ingest", "notes", file.to_str().unwrap(), "--no-process"]
-    )
-    .status
-    .success());
-    let answer = json(&run(
-        &dir,
-        &[
-            "query",
-            "notes",
-            "Where does my cousin Ingrid live?",
-            "--json",
-        ],
-    ));
+    let answer = ingest_and_ask(&dir, &file);
     assert!(answer["prompt_tokens"].as_u64().unwrap() > 0, "{answer:#}");
     assert!(
         answer["passages"]
