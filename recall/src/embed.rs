@@ -1,37 +1,37 @@
-//! The sentence embedder: all-MiniLM-L6-v2 (BERT, 6 layers, 384 dimensions) run by
-//! candle-transformers' BERT, mean-pooled over the tokens and L2-normalised, as
+//! The sentence embedder: all-MiniLM-L6-v2 (BERT, 6 layers, 384 dimensions), each text
+//! encoded alone ([`crate::bert`]), mean-pooled over its tokens and L2-normalised, as
 //! sentence-transformers does.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
-use candle_transformers::models::bert::{BertModel, Config};
 use tokenizers::{Tokenizer, TruncationParams};
 
+use crate::bert::{Bert, Config};
 use crate::error::{Error, Result};
 
 /// Tokens per text: the model was trained on at most 256.
 pub const MAX_TOKENS: usize = 256;
-/// Texts embedded per forward pass (of the same length: padding would change the
-/// others' vectors in their last bits, and a text's vector must not depend on what it
-/// was embedded with).
-const BATCH: usize = 16;
 
 /// Files of an embedder: `model.safetensors`, `tokenizer.json` and `config.json` in
 /// one folder.
 pub const FILES: [&str; 3] = ["model.safetensors", "tokenizer.json", "config.json"];
 
 pub struct Embedder {
-    model: BertModel,
-    tokenizer: Tokenizer,
-    device: Device,
+    model: Option<Model>,
     dimensions: usize,
     hidden: usize,
     layers: usize,
     intermediate: usize,
     name: String,
+}
+
+/// The sentence-embedding model itself.
+struct Model {
+    bert: Bert,
+    tokenizer: Tokenizer,
 }
 
 /// Work done by one call, for throughput figures.
@@ -83,20 +83,32 @@ impl Embedder {
             VarBuilder::from_mmaped_safetensors(std::slice::from_ref(&weights), DType::F32, &device)
         }
         .map_err(|e| bad(&weights, &e))?;
-        let model = BertModel::load(vb, &config).map_err(|e| bad(&weights, &e))?;
+        let bert = Bert::load(vb, &config).map_err(|e| bad(&weights, &e))?;
         let name = dir
             .file_name()
             .map_or("embedder".into(), |n| n.to_string_lossy().into_owned());
         Ok(Self {
-            model,
-            tokenizer,
-            device,
+            model: Some(Model { bert, tokenizer }),
             dimensions: config.hidden_size,
             hidden: config.hidden_size,
             layers: config.num_hidden_layers,
             intermediate: config.intermediate_size,
             name,
         })
+    }
+
+    /// Pseudo-random unit vectors of `dimensions`, one per text and the same for the same
+    /// text, in place of a model's: for timing vector search over streams too large to
+    /// embed in a benchmark's time. Their similarities mean nothing.
+    pub fn hashed(dimensions: usize) -> Self {
+        Self {
+            model: None,
+            dimensions,
+            hidden: dimensions,
+            layers: 0,
+            intermediate: 0,
+            name: "hashed".to_string(),
+        }
     }
 
     pub fn dimensions(&self) -> usize {
@@ -116,56 +128,49 @@ impl Embedder {
     pub fn embed_with_stats(&self, texts: &[&str]) -> Result<(Vec<Vec<f32>>, EmbedStats)> {
         let started = Instant::now();
         let mut stats = EmbedStats::default();
+        let Some(model) = &self.model else {
+            let vectors = texts.iter().map(|t| self.hashed_vector(t)).collect();
+            stats.texts = texts.len();
+            stats.seconds = started.elapsed().as_secs_f64();
+            return Ok((vectors, stats));
+        };
         let mut out = Vec::with_capacity(texts.len());
-        let encodings = self
+        let encodings = model
             .tokenizer
             .encode_batch(texts.to_vec(), true)
             .map_err(|e| Error::Embedder(format!("cannot tokenize: {e}")))?;
-        let mut order: Vec<usize> = (0..texts.len()).collect();
-        order.sort_by_key(|&i| encodings[i].get_ids().len());
-        let mut vectors = vec![Vec::new(); texts.len()];
-        let groups = order
-            .chunk_by(|&a, &b| encodings[a].get_ids().len() == encodings[b].get_ids().len())
-            .flat_map(|same| same.chunks(BATCH));
-        for group in groups {
-            let len = group
-                .iter()
-                .map(|&i| encodings[i].get_ids().len())
-                .max()
-                .unwrap_or(1)
-                .max(1);
-            let mut ids = Vec::with_capacity(group.len() * len);
-            let mut mask = Vec::with_capacity(group.len() * len);
-            for &i in group {
-                let e = encodings[i].get_ids();
-                ids.extend(e.iter().copied());
-                ids.extend(std::iter::repeat_n(0, len - e.len()));
-                mask.extend(std::iter::repeat_n(1u32, e.len()));
-                mask.extend(std::iter::repeat_n(0u32, len - e.len()));
-                stats.tokens += e.len();
-                stats.flops += self.flops(e.len());
-            }
-            let rows = group.len();
-            let t = |v: Vec<u32>| Tensor::from_vec(v, (rows, len), &self.device);
-            let ids = t(ids)?;
-            let mask = t(mask)?;
-            let types = ids.zeros_like()?;
-            let hidden = self.model.forward(&ids, &types, Some(&mask))?;
-            // Mean over the real tokens, then unit length.
-            let m = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
-            let summed = hidden.broadcast_mul(&m)?.sum(1)?;
-            let counts = m.sum(1)?;
-            let mean = summed.broadcast_div(&counts)?;
-            let norm = mean.sqr()?.sum_keepdim(1)?.sqrt()?.clamp(1e-12, f32::MAX)?;
-            let unit = mean.broadcast_div(&norm)?;
-            for (row, &i) in unit.to_vec2::<f32>()?.into_iter().zip(group) {
-                vectors[i] = row;
-            }
+        let mut vectors = Vec::with_capacity(texts.len());
+        for encoding in &encodings {
+            let ids = encoding.get_ids();
+            stats.tokens += ids.len();
+            stats.flops += self.flops(ids.len());
+            vectors.push(model.bert.embed(ids)?);
         }
         out.extend(vectors);
         stats.texts = texts.len();
         stats.seconds = started.elapsed().as_secs_f64();
         Ok((out, stats))
+    }
+
+    /// A unit vector drawn from a generator seeded by the text's FNV-1a hash.
+    fn hashed_vector(&self, text: &str) -> Vec<f32> {
+        let mut state = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+        let mut v: Vec<f32> = (0..self.dimensions)
+            .map(|_| {
+                // splitmix64
+                state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                let mut z = state;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                z ^= z >> 31;
+                (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect();
+        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+        v.iter_mut().for_each(|x| *x /= norm);
+        v
     }
 
     /// FLOPs of encoding one text of `n` tokens: the projections (q, k, v, out, and the

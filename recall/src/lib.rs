@@ -26,6 +26,7 @@
 //! # Ok::<(), memagent_recall::Error>(())
 //! ```
 
+mod bert;
 mod embed;
 mod error;
 pub mod passages;

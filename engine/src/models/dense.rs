@@ -23,7 +23,7 @@ use crate::error::Result;
 const FEATURES_PER_TASK: usize = 96;
 
 /// `x` (rows, k) times `w` (n, k) transposed: (rows, n).
-pub(crate) fn matmul_t(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+pub fn matmul_t(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     if x.device().is_cpu() && x.dtype() == candle_core::DType::F32 {
         Ok(x.contiguous()?.apply_op2_no_bwd(w, &MatmulT)?)
     } else {

@@ -17,6 +17,7 @@ mod qwen2;
 mod rowwise;
 mod transformer;
 
+pub use dense::matmul_t;
 pub use linear::WeightPlan;
 pub use transformer::{rope_tables, KvCache, Transformer};
 
