@@ -274,57 +274,101 @@ pub fn names(question: &str) -> Vec<String> {
     out
 }
 
-/// The sentences of `passage` that share the most words with `question`, at most
-/// `keep`, in their order and joined by " … "; the passage itself when no sentence
-/// shares a word (it was found by meaning) or it has no more sentences than `keep`.
-/// Small models answer far better from a sentence than from a paragraph.
-pub fn focus(passage: &str, question: &str, keep: usize) -> String {
-    let wanted = keys(question);
-    let mut sentences: Vec<&str> = Vec::new();
-    for line in passage.lines() {
-        // A sentence ends at . ? or ! after a letter and before a space.
+/// The sentences of `text`: each line cut after `.`, `?` or `!` that follows a letter,
+/// a digit or a closing quote or bracket and precedes a space (so "3.5" stays whole);
+/// empty ones dropped.
+fn sentences(text: &str) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    for line in text.lines() {
         let bytes = line.as_bytes();
         let mut from = 0;
         for (i, c) in line.char_indices() {
             let ends = matches!(c, '.' | '?' | '!')
                 && bytes.get(i + 1) == Some(&b' ')
-                && line[..i].chars().last().is_some_and(char::is_alphabetic);
+                && line[..i]
+                    .chars()
+                    .last()
+                    .is_some_and(|c| c.is_alphanumeric() || matches!(c, ')' | '"' | '\''));
             if ends {
-                sentences.push(line[from..=i].trim());
+                out.push(line[from..=i].trim());
                 from = i + 1;
             }
         }
-        sentences.push(line[from..].trim());
+        out.push(line[from..].trim());
     }
-    sentences.retain(|s| !s.is_empty());
-    if sentences.len() <= keep {
-        return passage.trim().to_string();
-    }
-    let mut scored: Vec<(usize, usize)> = sentences
+    out.retain(|s| !s.is_empty());
+    out
+}
+
+/// Indices of the `units` sharing the most words with `question` (at least one), at
+/// most `keep`, in their order. When some units hold a name the question asks about,
+/// only those count: the others share words but speak of something else.
+fn best_units(units: &[&str], question: &str, keep: usize) -> Vec<usize> {
+    let wanted = keys(question);
+    let named: Vec<String> = names(question).iter().map(|n| n.to_lowercase()).collect();
+    let names_one = |unit: &str| {
+        let unit = unit.to_lowercase();
+        named.iter().any(|n| unit.contains(n.as_str()))
+    };
+    let any_named = units.iter().any(|u| names_one(u));
+    let mut scored: Vec<(usize, usize)> = units
         .iter()
         .enumerate()
+        .filter(|(_, s)| !any_named || names_one(s))
         .map(|(i, s)| {
             let have = keys(s);
             let hits = wanted.iter().filter(|w| have.contains(w)).count();
             (hits, i)
         })
+        .filter(|(hits, _)| *hits > 0)
         .collect();
     scored.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    if scored[0].0 == 0 {
+    let mut chosen: Vec<usize> = scored.iter().take(keep).map(|(_, i)| *i).collect();
+    chosen.sort_unstable();
+    chosen
+}
+
+/// The sentences of `passage` that share the most words with `question`, at most
+/// `keep`, in their order and joined by " … "; the passage itself when no sentence
+/// shares a word (it was found by meaning) or it has no more sentences than `keep`.
+/// Small models answer far better from a sentence than from a paragraph.
+pub fn focus(passage: &str, question: &str, keep: usize) -> String {
+    let sentences = sentences(passage);
+    if sentences.len() <= keep {
         return passage.trim().to_string();
     }
-    let mut chosen: Vec<usize> = scored
-        .iter()
-        .take(keep)
-        .filter(|(hits, _)| *hits > 0)
-        .map(|(_, i)| *i)
-        .collect();
-    chosen.sort_unstable();
+    let chosen = best_units(&sentences, question, keep);
+    if chosen.is_empty() {
+        return passage.trim().to_string();
+    }
     chosen
         .iter()
         .map(|&i| sentences[i])
         .collect::<Vec<_>>()
         .join(" … ")
+}
+
+/// The lines of a memory that bear on `question` (sharing the most words with it), at
+/// most `keep`, in the memory's order; `None` when no line shares a word. A small
+/// model answering beside passages copies whatever its notes hold, so notes about other
+/// things stay out of its prompt.
+pub fn relevant_notes(memory: &str, question: &str, keep: usize) -> Option<String> {
+    let lines: Vec<&str> = memory
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let chosen = best_units(&lines, question, keep);
+    if chosen.is_empty() {
+        return None;
+    }
+    Some(
+        chosen
+            .iter()
+            .map(|&i| lines[i])
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
 }
 
 #[cfg(test)]
@@ -344,6 +388,34 @@ mod tests {
             "Where does Ingrid live?"
         ));
         assert!(!shares_words("The sky is blue.", "Where does Ingrid live?"));
+    }
+
+    #[test]
+    fn notes_keep_the_memory_lines_about_the_question() {
+        let memory = "1. Ingrid's birthday is on March 14.\n2. The user likes pasta.\n\n\
+                      3. Ingrid lives in Porto.\n4. The weather was grey.";
+        assert_eq!(
+            relevant_notes(memory, "When is Ingrid's birthday?", 3).as_deref(),
+            Some("1. Ingrid's birthday is on March 14.\n3. Ingrid lives in Porto.")
+        );
+        assert_eq!(
+            relevant_notes(memory, "When is Ingrid's birthday?", 1).as_deref(),
+            Some("1. Ingrid's birthday is on March 14.")
+        );
+        assert_eq!(
+            relevant_notes(memory, "What is the wifi password?", 3),
+            None
+        );
+        assert_eq!(relevant_notes("", "When is Ingrid's birthday?", 3), None);
+        // Another name's line shares words but not the name.
+        assert_eq!(
+            focus(
+                "The code for the Volga is 11. Rain fell. The code for the Tagus is 22.",
+                "What is the code for the Tagus?",
+                2
+            ),
+            "The code for the Tagus is 22."
+        );
     }
 
     fn texts<'a>(text: &'a str, cut: &Cut) -> Vec<&'a str> {

@@ -46,8 +46,8 @@ pub use records::{
     SourceRecord, StandingAnswer, StreamRecord, GENERAL,
 };
 pub use search::{
-    evidence_answers, evidence_block, index_lag, search, sync_all, sync_stream, unmentioned,
-    Evidence, EVIDENCE_TOKENS, MEANING_ONLY_SIMILARITY,
+    evidence_answers, evidence_block, index_lag, search, sync_all, sync_stream, unlabelled,
+    unmentioned, Evidence, EVIDENCE_TOKENS, MEANING_ONLY_SIMILARITY,
 };
 pub use transfer::{ExportRecord, EXPORT_FORMAT};
 

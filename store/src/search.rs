@@ -5,7 +5,7 @@
 use std::cell::RefCell;
 
 use memagent_engine::agent::{AnswerReport, MemoryAgent, TextTokenizer};
-use memagent_recall::passages::{focus, names, shares_words};
+use memagent_recall::passages::{focus, names, relevant_notes, shares_words};
 use memagent_recall::{Hit, LogSource, Origin, Recall, SearchRequest, SyncReport};
 use serde::Serialize;
 
@@ -208,9 +208,20 @@ pub fn evidence_block(
     evidence: Vec<Evidence>,
     budget: usize,
 ) -> Result<(String, Vec<Evidence>)> {
-    let mut chosen = Vec::new();
+    let mut chosen: Vec<(String, Evidence, usize)> = Vec::new();
     let mut used = 0;
+    // When some passages name what the question names, the others are about something
+    // else (another river's number, another person's city) that merely shares words.
+    let wanted: Vec<String> = names(question).iter().map(|n| n.to_lowercase()).collect();
+    let naming = |e: &Evidence| {
+        let text = e.hit.text.to_lowercase();
+        wanted.iter().any(|n| text.contains(n.as_str()))
+    };
+    let any_named = evidence.iter().any(naming);
     for e in evidence {
+        if any_named && !naming(&e) {
+            continue;
+        }
         // Found by meaning alone, sharing no word with the question, and not close in
         // meaning either: it only filled a place among the k.
         if !shares_words(&e.hit.text, question)
@@ -219,23 +230,42 @@ pub fn evidence_block(
             continue;
         }
         let text = focus(&e.hit.text, question, FOCUS_SENTENCES);
-        // Numbers take a few tokens; counted with a generous "[10] ".
-        let tokens = tokenizer
-            .encode(&format!("[10] {text}\n"))
-            .map_err(|e| Error::Engine(e.to_string()))?
-            .len();
-        if used + tokens <= budget {
-            used += tokens;
-            chosen.push((text, e));
+        // Overlapping windows find the same sentences twice: a passage whose words are
+        // all in one already given adds nothing, and one that holds a given one whole
+        // takes its place.
+        if chosen
+            .iter()
+            .any(|(given, _, _)| given.contains(text.as_str()))
+        {
+            continue;
+        }
+        let tokens = |text: &str| -> Result<usize> {
+            // Numbers take a few tokens; counted with a generous 10.
+            Ok(tokenizer
+                .encode(&labelled(10, text))
+                .map_err(|e| Error::Engine(e.to_string()))?
+                .len())
+        };
+        let cost = tokens(&text)?;
+        let within = chosen
+            .iter()
+            .position(|(given, _, _)| text.contains(given.as_str()));
+        let freed = within.map_or(0, |i| chosen[i].2);
+        if used + cost - freed <= budget {
+            if let Some(i) = within {
+                chosen.remove(i);
+            }
+            used = used + cost - freed;
+            chosen.push((text, e, cost));
         }
     }
-    chosen.sort_by_key(|(_, e)| (e.hit.stream_id, e.hit.start));
+    chosen.sort_by_key(|(_, e, _)| (e.hit.stream_id, e.hit.start));
     let block = chosen
         .iter()
         .enumerate()
-        .map(|(i, (text, _))| format!("[{}] {text}\n", i + 1))
+        .map(|(i, (text, _, _))| labelled(i + 1, text))
         .collect::<String>();
-    let chosen: Vec<Evidence> = chosen.into_iter().map(|(_, e)| e).collect();
+    let chosen: Vec<Evidence> = chosen.into_iter().map(|(_, e, _)| e).collect();
     let block = if block.is_empty() {
         "(none found)".to_string()
     } else {
@@ -244,14 +274,166 @@ pub fn evidence_block(
     Ok((block, chosen))
 }
 
-/// Answers each question from `memory` beside its passages block, decoded as one batch.
+/// Lines of the memory an answer prompt keeps: those sharing the most words with the
+/// question ([`relevant_notes`]).
+pub const NOTE_LINES: usize = 3;
+
+/// The notes an answer prompt shows for `question`: the memory's lines that bear on it,
+/// or "(none)".
+pub fn notes_for(memory: &str, question: &str) -> String {
+    relevant_notes(memory, question, NOTE_LINES).unwrap_or_else(|| "(none)".to_string())
+}
+
+/// One line of a passages block. A label in front ("Passage 2: …") rather than a bracket
+/// ("[2] …"): small models answered "[1]" for a whole answer.
+fn labelled(number: usize, text: &str) -> String {
+    format!("Passage {number}: {text}\n")
+}
+
+/// An answer without the passage labels a small model copies along with a passage's
+/// words ("Passage 1: The code is 4411." answers "The code is 4411."); the passages
+/// given are cited beside the answer.
+pub fn unlabelled(answer: &str) -> String {
+    answer
+        .lines()
+        .map(|line| {
+            let rest = line.trim_start().strip_prefix("Passage ").and_then(|r| {
+                let digits = r.chars().take_while(char::is_ascii_digit).count();
+                (digits > 0)
+                    .then(|| r[digits..].strip_prefix(':'))
+                    .flatten()
+            });
+            rest.map_or(line, str::trim_start)
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Answers each question from the lines of `memory` that bear on it beside its passages
+/// block, decoded as one batch.
 pub fn evidence_answers(
     agent: &MemoryAgent<'_>,
     memory: &str,
     items: &[(&str, &str)],
 ) -> Result<Vec<AnswerReport>> {
-    let items: Vec<(&str, &str, &str)> = items.iter().map(|(q, e)| (*q, memory, *e)).collect();
+    let notes: Vec<String> = items.iter().map(|(q, _)| notes_for(memory, q)).collect();
+    let items: Vec<(&str, &str, &str)> = items
+        .iter()
+        .zip(&notes)
+        .map(|((q, e), n)| (*q, n.as_str(), *e))
+        .collect();
     agent
         .answer_with_evidence(&items)
         .map_err(|e| Error::Engine(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One token per word.
+    struct Words;
+
+    impl TextTokenizer for Words {
+        fn encode(&self, text: &str) -> memagent_engine::Result<Vec<u32>> {
+            Ok(text.split_whitespace().map(|_| 0).collect())
+        }
+        fn decode(&self, _: &[u32]) -> memagent_engine::Result<String> {
+            Ok(String::new())
+        }
+    }
+
+    fn found(start: u64, text: &str, similarity: Option<f32>) -> Evidence {
+        Evidence {
+            hit: Hit {
+                stream: "s".into(),
+                stream_id: 1,
+                start,
+                end: start + text.len() as u64,
+                text: text.into(),
+                source: None,
+                line: None,
+                time: None,
+                score: 0.0,
+                bm25_rank: None,
+                vector_rank: None,
+                similarity,
+            },
+            version: None,
+        }
+    }
+
+    #[test]
+    fn the_block_holds_each_sentence_once_oldest_first_within_its_budget() {
+        let q = "What is the code for the Loire?";
+        let evidence = vec![
+            // Best first, as the search ranks them.
+            found(
+                900,
+                "Fog. The code for the Loire is 5363752. Fog at noon.",
+                None,
+            ),
+            found(
+                100,
+                "Filler. The code for the Loire is 6607626. Rain.",
+                None,
+            ),
+            // Overlapping windows: the same sentence again, and cut short.
+            found(905, "code for the Loire is 5363752.", None),
+            // Shares no word and is far in meaning: left out.
+            found(50, "Dense fog over the valley.", Some(0.1)),
+            found(400, "The code for the Loire is 1017048.", None),
+        ];
+        let (block, used) = evidence_block(&Words, q, evidence.clone(), 1000).unwrap();
+        assert_eq!(
+            block,
+            "Passage 1: The code for the Loire is 6607626.\n\
+             Passage 2: The code for the Loire is 1017048.\n\
+             Passage 3: The code for the Loire is 5363752."
+        );
+        let starts: Vec<u64> = used.iter().map(|e| e.hit.start).collect();
+        assert_eq!(starts, [100, 400, 900]);
+        // A budget of two passages' words keeps the two best.
+        let (block, used) = evidence_block(&Words, q, evidence, 20).unwrap();
+        assert_eq!(used.len(), 2, "{block}");
+        assert!(
+            block.contains("5363752") && block.contains("6607626"),
+            "{block}"
+        );
+        // Another river's code shares the words but not the name.
+        let other = vec![
+            found(10, "The code for the Volga is 4690155.", None),
+            found(400, "The code for the Loire is 1017048.", None),
+        ];
+        let (block, _) = evidence_block(&Words, q, other.clone(), 100).unwrap();
+        assert_eq!(block, "Passage 1: The code for the Loire is 1017048.");
+        let (block, _) = evidence_block(&Words, "What is the code?", other, 100).unwrap();
+        assert!(
+            block.contains("Volga") && block.contains("Loire"),
+            "{block}"
+        );
+        let (block, used) = evidence_block(&Words, q, Vec::new(), 20).unwrap();
+        assert_eq!((block.as_str(), used.len()), ("(none found)", 0));
+    }
+
+    #[test]
+    fn answers_lose_copied_passage_labels() {
+        assert_eq!(
+            unlabelled("Passage 1: The code is 4411."),
+            "The code is 4411."
+        );
+        assert_eq!(unlabelled("Passage 12: A.\nPassage 3: B."), "A.\nB.");
+        assert_eq!(unlabelled("Passage one: A."), "Passage one: A.");
+        assert_eq!(unlabelled("It is 4411."), "It is 4411.");
+    }
+
+    #[test]
+    fn notes_hold_the_memory_lines_about_the_question_or_say_none() {
+        let memory = "1. Ingrid lives in Porto.\n2. The user likes pasta.";
+        assert_eq!(
+            notes_for(memory, "Where does Ingrid live?"),
+            "1. Ingrid lives in Porto."
+        );
+        assert_eq!(notes_for(memory, "What is the wifi code?"), "(none)");
+    }
 }

@@ -241,7 +241,9 @@ pub fn answer_with_evidence(
     let mut absent = Vec::with_capacity(found.len());
     for (question, hits) in questions.iter().zip(found) {
         absent.push(memagent_store::unmentioned(question, &hits, &memory.text));
-        blocks.push(evidence_block(agent.tokenizer(), question, hits, budget)?);
+        let block = evidence_block(agent.tokenizer(), question, hits, budget)?;
+        tracing::debug!("evidence for {question:?}:\n{}", block.0);
+        blocks.push(block);
     }
     let items: Vec<(&str, &str)> = questions
         .iter()
@@ -254,7 +256,11 @@ pub fn answer_with_evidence(
     let mut out = Vec::with_capacity(blocks.len());
     for ((_, used), absent) in blocks.into_iter().zip(absent) {
         out.push(match absent {
-            None => (reports.next().expect("one answer per asked question"), used),
+            None => {
+                let mut report = reports.next().expect("one answer per asked question");
+                report.answer = memagent_store::unlabelled(&report.answer);
+                (report, used)
+            }
             Some(name) => {
                 let reply = format!("Not known: nothing stored mentions {name}.");
                 let report = AnswerReport {

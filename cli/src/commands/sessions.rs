@@ -138,7 +138,7 @@ fn answer(
     })?;
     Ok(answered
         .into_iter()
-        .map(|(r, used)| (r.reply, used.iter().map(|e| e.hit.start).collect()))
+        .map(|(r, used)| (r.answer, used.iter().map(|e| e.hit.start).collect()))
         .collect())
 }
 
