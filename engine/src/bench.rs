@@ -282,8 +282,18 @@ fn reset_peak_rss() {
 
 /// Peak resident set size (VmHWM) in bytes, where the platform reports it.
 pub fn peak_rss() -> Option<u64> {
+    proc_status_bytes("VmHWM:")
+}
+
+/// Resident set size now (VmRSS) in bytes, where the platform reports it.
+pub fn current_rss() -> Option<u64> {
+    proc_status_bytes("VmRSS:")
+}
+
+/// A `kB` field of `/proc/self/status`, in bytes.
+fn proc_status_bytes(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }

@@ -4,7 +4,7 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | `GET /v1/status` | the daemon, the model, and per stream pending work, lag, throughput |
+//! | `GET /v1/status` | the daemon, the model, its resident memory, and per stream pending work, lag, throughput |
 //! | `GET /v1/streams` | the streams (as `memctl streams list --json`) |
 //! | `DELETE /v1/streams?stream=S` | removes a stream |
 //! | `POST /v1/append` `{stream, text, source?, force?}` | commit 1; the daemon reads it in |
@@ -247,6 +247,8 @@ async fn status(State(state): State<AppState>) -> ApiResult {
         "files": stats.files,
         "scans": stats.scans,
         "busy": stats.busy,
+        "rss_bytes": memagent_engine::bench::current_rss(),
+        "peak_rss_bytes": memagent_engine::bench::peak_rss(),
         "streams": rows,
     })))
 }

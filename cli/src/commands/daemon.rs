@@ -177,7 +177,7 @@ pub fn status(global: &GlobalArgs, json: bool) -> Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "daemon {} (pid {}) on {}: model {}, C={} M={}, up {:.0}s, {} files in {} watches{}",
+        "daemon {} (pid {}) on {}: model {}, C={} M={}, up {:.0}s, {} files in {} watches{}{}",
         d["version"].as_str().unwrap_or("?"),
         d["pid"],
         client.socket().display(),
@@ -187,6 +187,17 @@ pub fn status(global: &GlobalArgs, json: bool) -> Result<()> {
         status["uptime_seconds"].as_f64().unwrap_or(0.0),
         status["files"],
         d["watches"],
+        match (
+            status["rss_bytes"].as_u64(),
+            status["peak_rss_bytes"].as_u64()
+        ) {
+            (Some(now), Some(peak)) => format!(
+                ", {:.0} MB resident (peak {:.0} MB)",
+                now as f64 / 1e6,
+                peak as f64 / 1e6
+            ),
+            _ => String::new(),
+        },
         match status["busy"].as_str() {
             Some(s) => format!("; reading `{s}`"),
             None => String::new(),

@@ -96,6 +96,14 @@ fn appended_text_is_searchable_before_any_memory_step_and_errors_are_json() {
     assert_eq!(row["version"], 0, "no memory step ran: {row}");
     assert_eq!(row["index_lag_bytes"], 0, "{row}");
     assert!(row["pending_bytes"].as_u64().unwrap() > 0, "{row}");
+    // Its resident memory holds the model and the embedder (together over 100 MB).
+    let status = daemon.try_status().unwrap();
+    let rss = status["rss_bytes"].as_u64().unwrap();
+    assert!(rss > 100_000_000, "{status}");
+    assert!(
+        status["peak_rss_bytes"].as_u64().unwrap() >= rss,
+        "{status}"
+    );
 
     // memctl search and query go through the daemon.
     let out = daemon.memctl(&["search", "notes", "pinecone", "--json"]);
