@@ -185,3 +185,28 @@ fn a_second_writer_is_refused_with_a_clear_error() {
     assert!(message.contains("in use"), "{message}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn the_encoder_gives_the_reference_similarities_whatever_it_is_embedded_with() {
+    let e = embedder();
+    let question = "Where does my sister Ravi live?";
+    let texts = [
+        question,
+        "My sister Ravi lives in Graz.",
+        "Ravi moved to Krakow last month.",
+        "Ravi quit and now works as a chef.",
+    ];
+    let v = e.embed(&texts).unwrap();
+    for (i, expected) in [(1, 0.830), (2, 0.541), (3, 0.425)] {
+        // candle-transformers' BertModel, mean-pooled, gave these (to 3 decimals).
+        let s = memagent_recall::dot(&v[0], &v[i]);
+        assert!((s - expected).abs() < 0.002, "{}: {s}", texts[i]);
+    }
+    for x in &v {
+        let norm: f32 = x.iter().map(|a| a * a).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-5, "{norm}");
+    }
+    // Alone or beside others, a text's vector is the same to the last bit.
+    let alone = e.embed(&[texts[2]]).unwrap();
+    assert_eq!(alone[0], v[2]);
+}
