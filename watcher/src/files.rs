@@ -214,7 +214,8 @@ impl Tracker {
         }
 
         // The file's record: by path, else a known file with the same identity that is
-        // no longer where it was (a rename).
+        // no longer where it was and still begins with what was read from it (a rename;
+        // a file deleted, then another created on its freed inode, is a new file).
         let mut renamed_from = None;
         let known = match self.files.get(&key) {
             Some(record) => Some(record.clone()),
@@ -226,6 +227,8 @@ impl Tracker {
                         && r.ino == seen.ino
                         && std::fs::metadata(&r.path)
                             .map_or(true, |m| m.dev() != r.dev || m.ino() != r.ino)
+                        && bytes.len() as u64 >= r.offset
+                        && Sha256::digest(&bytes[..r.offset as usize]).as_slice() == r.sha256
                 })
                 .cloned()
                 .inspect(|record| {
