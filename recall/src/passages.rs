@@ -305,11 +305,8 @@ fn sentences(text: &str) -> Vec<&str> {
 /// only those count: the others share words but speak of something else.
 fn best_units(units: &[&str], question: &str, keep: usize) -> Vec<usize> {
     let wanted = keys(question);
-    let named: Vec<String> = names(question).iter().map(|n| n.to_lowercase()).collect();
-    let names_one = |unit: &str| {
-        let unit = unit.to_lowercase();
-        named.iter().any(|n| unit.contains(n.as_str()))
-    };
+    let named = lowercase_names(question);
+    let names_one = |unit: &str| mentions(unit, &named);
     let any_named = units.iter().any(|u| names_one(u));
     let mut scored: Vec<(usize, usize)> = units
         .iter()
@@ -326,6 +323,17 @@ fn best_units(units: &[&str], question: &str, keep: usize) -> Vec<usize> {
     let mut chosen: Vec<usize> = scored.iter().take(keep).map(|(_, i)| *i).collect();
     chosen.sort_unstable();
     chosen
+}
+
+/// The question's [`names`], lower case, for [`mentions`].
+pub fn lowercase_names(question: &str) -> Vec<String> {
+    names(question).iter().map(|n| n.to_lowercase()).collect()
+}
+
+/// Whether `text` holds one of `names` (lower case), ignoring case.
+pub fn mentions(text: &str, names: &[String]) -> bool {
+    let text = text.to_lowercase();
+    names.iter().any(|n| text.contains(n.as_str()))
 }
 
 /// The sentences of `passage` that share the most words with `question`, at most

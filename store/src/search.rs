@@ -5,7 +5,9 @@
 use std::cell::RefCell;
 
 use memagent_engine::agent::{AnswerReport, MemoryAgent, TextTokenizer};
-use memagent_recall::passages::{focus, names, relevant_notes, shares_words};
+use memagent_recall::passages::{
+    focus, lowercase_names, mentions, names, relevant_notes, shares_words,
+};
 use memagent_recall::{Hit, LogSource, Origin, Recall, SearchRequest, SyncReport};
 use serde::Serialize;
 
@@ -212,11 +214,8 @@ pub fn evidence_block(
     let mut used = 0;
     // When some passages name what the question names, the others are about something
     // else (another river's number, another person's city) that merely shares words.
-    let wanted: Vec<String> = names(question).iter().map(|n| n.to_lowercase()).collect();
-    let naming = |e: &Evidence| {
-        let text = e.hit.text.to_lowercase();
-        wanted.iter().any(|n| text.contains(n.as_str()))
-    };
+    let wanted = lowercase_names(question);
+    let naming = |e: &Evidence| mentions(&e.hit.text, &wanted);
     let any_named = evidence.iter().any(naming);
     for e in evidence {
         if any_named && !naming(&e) {
