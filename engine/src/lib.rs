@@ -42,6 +42,8 @@ pub use model::{
     DecodeStats, GenerateOptions, Generation, LoadOptions, LocalModel, ModelInfo, StopReason,
     WeightPlan, DEFAULT_DRAFT_TOKENS,
 };
-pub use models::{matmul_t, rope_tables, Architecture, Config, KvCache, Transformer};
+pub use models::{
+    for_chunks, gemm_t, matmul_t, rope_tables, Architecture, Config, KvCache, Transformer,
+};
 pub use sampling::{argmax, SamplingParams};
 pub use tokenizer::Tokenizer;

@@ -1,5 +1,5 @@
 //! The sentence embedder: all-MiniLM-L6-v2 (BERT, 6 layers, 384 dimensions), each text
-//! encoded alone ([`crate::bert`]), mean-pooled over its tokens and L2-normalised, as
+//! encoded on its own ([`crate::bert`]), mean-pooled over its tokens and L2-normalised, as
 //! sentence-transformers does.
 
 use std::path::{Path, PathBuf};
@@ -139,13 +139,12 @@ impl Embedder {
             .tokenizer
             .encode_batch(texts.to_vec(), true)
             .map_err(|e| Error::Embedder(format!("cannot tokenize: {e}")))?;
-        let mut vectors = Vec::with_capacity(texts.len());
-        for encoding in &encodings {
-            let ids = encoding.get_ids();
-            stats.tokens += ids.len();
-            stats.flops += self.flops(ids.len());
-            vectors.push(model.bert.embed(ids)?);
+        let ids: Vec<&[u32]> = encodings.iter().map(|e| e.get_ids()).collect();
+        for text in &ids {
+            stats.tokens += text.len();
+            stats.flops += self.flops(text.len());
         }
+        let vectors = model.bert.embed(&ids)?;
         out.extend(vectors);
         stats.texts = texts.len();
         stats.seconds = started.elapsed().as_secs_f64();

@@ -206,7 +206,21 @@ fn the_encoder_gives_the_reference_similarities_whatever_it_is_embedded_with() {
         let norm: f32 = x.iter().map(|a| a * a).sum::<f32>().sqrt();
         assert!((norm - 1.0).abs() < 1e-5, "{norm}");
     }
-    // Alone or beside others, a text's vector is the same to the last bit.
+    // Alone or beside others, a text's vector is the same to the last bit: texts of
+    // many lengths, packed together over several blocks of rows, against each alone.
     let alone = e.embed(&[texts[2]]).unwrap();
     assert_eq!(alone[0], v[2]);
+    let words = document();
+    let words: Vec<&str> = words.split_whitespace().collect();
+    let many: Vec<String> = (0..24)
+        .map(|i| words[i * 7..i * 7 + 1 + (i * 37) % 180].join(" "))
+        .chain([String::new()])
+        .collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    let packed = e.embed(&many).unwrap();
+    for (text, vector) in many.iter().zip(&packed) {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let alone = e.embed(&[text]).unwrap();
+        assert_eq!(bits(&alone[0]), bits(vector), "{text:?}");
+    }
 }

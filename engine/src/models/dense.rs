@@ -31,6 +31,60 @@ pub fn matmul_t(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// `x` (`rows`, `k`) times `w` (`n`, `k`) transposed, as a (`rows`, `n`) row-major
+/// vector: [`matmul_t`] on slices, split over the output features on the engine's
+/// thread pool. Rows computed in whole tiles of the micro-kernel (16 rows, from a
+/// multiple of 16) get the same bits whatever rows they are computed with; a partial
+/// tile goes through another kernel, whose last bits differ.
+pub fn gemm_t(x: &[f32], rows: usize, w: &[f32], n: usize, k: usize) -> Vec<f32> {
+    assert!(
+        x.len() >= rows * k && w.len() >= n * k,
+        "gemm_t: operands too short"
+    );
+    let mut out = vec![0f32; rows * n];
+    if rows == 0 || n == 0 {
+        return out;
+    }
+    let (x_ptr, w_ptr, out_ptr) = (
+        x.as_ptr() as usize,
+        w.as_ptr() as usize,
+        out.as_mut_ptr() as usize,
+    );
+    let blocks = feature_blocks(n);
+    super::pool::for_chunks(blocks.len(), |tasks| {
+        for features in &blocks[tasks] {
+            // SAFETY: x is (rows, k) and w (n, k), contiguous (checked above); each task
+            // writes the output columns of its own features, within the (rows, n)
+            // buffer that outlives the pool call. The arguments are candle's for the
+            // same product (rhs = wᵀ: column stride k).
+            unsafe {
+                gemm(
+                    rows,
+                    features.len(),
+                    k,
+                    (out_ptr as *mut f32).add(features.start),
+                    1,
+                    n as isize,
+                    false,
+                    x_ptr as *const f32,
+                    1,
+                    k as isize,
+                    (w_ptr as *const f32).add(features.start * k),
+                    k as isize,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    Parallelism::None,
+                )
+            }
+        }
+    });
+    out
+}
+
 struct MatmulT;
 
 /// Feature ranges of the tasks: 96 wide, the last one taking a remainder of 64 or less.
@@ -73,44 +127,7 @@ impl CustomOp2 for MatmulT {
         if k != wk {
             candle_core::bail!("matmul-t: ({m}, {k}) times ({n}, {wk}) transposed")
         }
-        let mut out = vec![0f32; m * n];
-        let (x_ptr, w_ptr, out_ptr) = (
-            x[x0..].as_ptr() as usize,
-            w[w0..].as_ptr() as usize,
-            out.as_mut_ptr() as usize,
-        );
-        let blocks = feature_blocks(n);
-        super::pool::for_chunks(blocks.len(), |tasks| {
-            for features in &blocks[tasks] {
-                // SAFETY: x is (m, k) and w (n, k), contiguous from the pointers taken
-                // above; each task writes the output columns of its own features, within
-                // the (m, n) buffer that outlives the pool call. The arguments are
-                // candle's for the same product (rhs = wᵀ: column stride k).
-                unsafe {
-                    gemm(
-                        m,
-                        features.len(),
-                        k,
-                        (out_ptr as *mut f32).add(features.start),
-                        1,
-                        n as isize,
-                        false,
-                        x_ptr as *const f32,
-                        1,
-                        k as isize,
-                        (w_ptr as *const f32).add(features.start * k),
-                        k as isize,
-                        1,
-                        0.0,
-                        1.0,
-                        false,
-                        false,
-                        false,
-                        Parallelism::None,
-                    )
-                }
-            }
-        });
+        let out = gemm_t(&x[x0..], m, &w[w0..], n, k);
         Ok((CpuStorage::F32(out), Shape::from((m, n))))
     }
 }
@@ -135,16 +152,46 @@ mod tests {
         }
     }
 
+    /// Values in [-1, 1) from a linear congruential generator.
+    fn uniform(mut seed: u32) -> impl FnMut() -> f32 {
+        move || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
+        }
+    }
+
+    /// Whole tiles of rows give the same bits whatever rows they are computed with: the
+    /// rows of a block, computed alone, give the block's bits (what packing texts for
+    /// the embedder relies on).
+    #[test]
+    fn a_rows_product_does_not_depend_on_the_other_rows() {
+        let mut next = uniform(5);
+        for (k, n) in [(384, 1152), (384, 384), (1536, 384), (384, 1536)] {
+            let rows = 512;
+            let x: Vec<f32> = (0..rows * k).map(|_| next()).collect();
+            let w: Vec<f32> = (0..n * k).map(|_| next()).collect();
+            let all = super::gemm_t(&x, rows, &w, n, k);
+            let mut start = 0;
+            for len in [16, 32, 64, 80, 96, 224] {
+                let part = super::gemm_t(&x[start * k..], len, &w, n, k);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&part),
+                    bits(&all[start * n..(start + len) * n]),
+                    "rows {start}..{} of ({rows}, {k}) x ({n}, {k})ᵀ",
+                    start + len
+                );
+                start += len;
+            }
+        }
+    }
+
     /// The split GEMM gives candle's matmul bit for bit: the model's widths and depths
     /// (several depth blocks at 1,536), row counts from the smallest dense prefill (16)
     /// through ones that are no multiple of the micro-kernel, and a ragged last block.
     #[test]
     fn split_gemm_equals_candles_matmul_bit_for_bit() {
-        let mut seed = 11u32;
-        let mut next = move || {
-            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
-        };
+        let mut next = uniform(11);
         for (m, k, n) in [
             (16, 576, 960),
             (37, 576, 576),

@@ -17,8 +17,9 @@ mod qwen2;
 mod rowwise;
 mod transformer;
 
-pub use dense::matmul_t;
+pub use dense::{gemm_t, matmul_t};
 pub use linear::WeightPlan;
+pub use pool::for_chunks;
 pub use transformer::{rope_tables, KvCache, Transformer};
 
 use crate::error::{Error, Result};

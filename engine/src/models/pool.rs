@@ -34,7 +34,7 @@ thread_local! {
 
 /// Runs `f` over `0..n`, in ranges handed out to the pool's threads (the caller among
 /// them) or, while the workers lag, in one range on the calling thread.
-pub(crate) fn for_chunks(n: usize, f: impl Fn(Range<usize>) + Sync) {
+pub fn for_chunks(n: usize, f: impl Fn(Range<usize>) + Sync) {
     if n == 0 {
         return;
     }
