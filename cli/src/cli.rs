@@ -239,6 +239,11 @@ pub struct TrainDataOptions {
     /// Share of general-mode (question-free) trajectories
     #[arg(long, default_value_t = 0.35)]
     pub general_share: f64,
+    /// Share of examples that answer from passages (the prompt `memctl query` gives the
+    /// model: notes, passages oldest first, the question) in place of a trajectory's
+    /// steps: facts said once, changed later, never said, and lists of values
+    #[arg(long, default_value_t = 0.0, value_parser = share)]
+    pub evidence_share: f64,
     /// Loss weight of the lines an update step adds to its memory (new facts, changed
     /// values) and of its reply's end; lines copied from the memory weigh 1
     #[arg(long, default_value_t = 3.0)]
@@ -1202,4 +1207,13 @@ pub struct BenchEngineArgs {
     /// Print results as JSON
     #[arg(long)]
     pub json: bool,
+}
+
+/// A share: a number from 0 to 1.
+fn share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        Ok(v) => Err(format!("{v} is not between 0 and 1")),
+        Err(e) => Err(format!("{s:?} is not a number: {e}")),
+    }
 }

@@ -31,6 +31,9 @@ use crate::haystack::Haystack;
 use crate::needle::CITIES;
 use crate::ruler::compose;
 
+mod evidence;
+pub use evidence::EVIDENCE_FAMILIES;
+
 /// Which patterns, keys and fillers a trajectory draws from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -64,6 +67,10 @@ pub struct DataConfig {
     pub memory_tokens: usize,
     /// Share of general-mode trajectories (the rest are question mode).
     pub general_share: f64,
+    /// Share of examples that answer a question from passages found for it (the
+    /// evidence prompt of `memctl query`) in place of a trajectory's conversation.
+    #[serde(default)]
+    pub evidence_share: f64,
 }
 
 impl Default for DataConfig {
@@ -74,6 +81,7 @@ impl Default for DataConfig {
             chunk_max: 1024,
             memory_tokens: 256,
             general_share: 0.35,
+            evidence_share: 0.0,
         }
     }
 }
@@ -218,9 +226,12 @@ pub fn example(
     split: Split,
     index: u64,
 ) -> Result<Example> {
+    let mut rng = rng_for(config.seed ^ 0x00E8_A391, split, index);
+    if config.evidence_share > 0.0 && rng.random_bool(config.evidence_share.min(1.0)) {
+        return Ok(evidence::evidence_example(Patterns::of(split), &mut rng));
+    }
     let t = trajectory(tokenizer, fillers, config, split, index)?;
     let mut examples = t.examples();
-    let mut rng = rng_for(config.seed ^ 0x00E8_A391, split, index);
     // Finals are one conversation of n + 1; draw them a little more often than that.
     let pick = if rng.random_bool(0.2) {
         examples.len() - 1

@@ -30,6 +30,7 @@ fn data_config(o: &TrainDataOptions) -> DataConfig {
         chunk_max: o.chunk_max,
         memory_tokens: o.memory_tokens,
         general_share: o.general_share,
+        evidence_share: o.evidence_share,
     }
 }
 

@@ -4,7 +4,8 @@
 
 use memagent_engine::{GgufFile, Tokenizer};
 use memagent_tasks::training::{
-    patterns, trajectory, DataConfig, Fillers, Mode, Split, QUESTION_FAMILIES,
+    example, patterns, trajectory, DataConfig, Fillers, Mode, Split, EVIDENCE_FAMILIES,
+    QUESTION_FAMILIES,
 };
 
 use crate::support;
@@ -133,5 +134,101 @@ fn validation_patterns_are_absent_from_training() {
                 "validation key {key} in training trajectory {i}"
             );
         }
+    }
+}
+
+/// The passages of an evidence prompt, without their labels.
+fn passages(message: &str) -> Vec<&str> {
+    let block = message
+        .split("Passages, oldest first:\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n\n").next())
+        .expect("a passages block");
+    block
+        .lines()
+        .map(|l| l.split_once(": ").expect("Passage N: …").1)
+        .collect()
+}
+
+#[test]
+fn evidence_examples_answer_from_the_newest_passage_and_list_every_value() {
+    let tok = tokenizer();
+    let config = DataConfig {
+        evidence_share: 1.0,
+        ..DataConfig::default()
+    };
+    let fillers = Fillers::new(Split::Train, None).unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0..200 {
+        let e = example(&tok, &fillers, &config, Split::Train, i).unwrap();
+        let again = example(&tok, &fillers, &config, Split::Train, i).unwrap();
+        assert_eq!((&e.message, &e.target), (&again.message, &again.target));
+        assert_eq!(e.kind, "evidence");
+        seen.insert(e.family);
+        let found = passages(&e.message);
+        let value = e.target.trim_end_matches('.').rsplit(' ').next().unwrap();
+        let at = found.iter().position(|p| p.contains(value));
+        match e.family {
+            "evidence-unknown" => assert_eq!(e.target, "not known"),
+            "evidence-list" => {
+                // Every value, in the order the passages give them.
+                let list = e
+                    .target
+                    .split(" are ")
+                    .nth(1)
+                    .unwrap()
+                    .trim_end_matches('.');
+                let values: Vec<&str> = list
+                    .split([',', ' '])
+                    .filter(|v| !v.is_empty() && *v != "and")
+                    .collect();
+                assert!(values.len() >= 2, "{}", e.target);
+                let places: Vec<usize> = values
+                    .iter()
+                    .map(|v| {
+                        found
+                            .iter()
+                            .position(|p| p.contains(v))
+                            .expect("value in a passage")
+                    })
+                    .collect();
+                assert!(
+                    places.windows(2).all(|w| w[0] < w[1]),
+                    "{places:?}: {}",
+                    e.message
+                );
+            }
+            "evidence-changed" => {
+                // Two passages say the same thing with other values: the answer has the
+                // later one's values and none of the earlier one's.
+                let words = |p: &str| -> Vec<String> {
+                    let p = p.rsplit("user: ").next().unwrap();
+                    let p = ["Actually, ", "Update: ", "Correction: ", "Change of plan: "]
+                        .iter()
+                        .fold(p, |p, flag| p.strip_prefix(flag).unwrap_or(p));
+                    p.split(' ')
+                        .map(|w| w.trim_matches(['.', ',', '!']).to_lowercase())
+                        .collect()
+                };
+                let target = words(&e.target);
+                let follows_newer = (0..found.len()).any(|j| {
+                    (0..j).any(|i| {
+                        let (old, new) = (words(found[i]), words(found[j]));
+                        let same_start = old.iter().take(2).eq(new.iter().take(2));
+                        let added: Vec<&String> = new.iter().filter(|w| !old.contains(w)).collect();
+                        let gone: Vec<&String> = old.iter().filter(|w| !new.contains(w)).collect();
+                        same_start
+                            && !added.is_empty()
+                            && added.iter().all(|w| target.contains(w))
+                            && gone.iter().all(|w| !target.contains(w))
+                    })
+                });
+                assert!(follows_newer, "{}\n=> {}", e.message, e.target);
+            }
+            _ => assert!(at.is_some(), "{value} in no passage: {}", e.message),
+        }
+    }
+    for (family, _) in EVIDENCE_FAMILIES {
+        assert!(seen.contains(family), "{family} generated");
     }
 }

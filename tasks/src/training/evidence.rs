@@ -1,0 +1,331 @@
+//! Answers with evidence: the prompt `memctl query` builds (the memory's notes on the
+//! question, then the passages a search found, oldest first) and the answer the
+//! passages support. The passages are written as the evidence block writes them
+//! ("Passage N: …", chat turns with their role and, now and then, their time), from the
+//! split's own sentence patterns:
+//!
+//! - `stated`: one passage says it, among passages about other people and things;
+//! - `changed`: a passage says it, a later one changes it (the later one is the answer),
+//!   with unrelated passages before, between and after, so that neither the first nor
+//!   the last passage is the rule;
+//! - `unknown`: the passages are about the same people but not what is asked;
+//! - `list`: several passages each give one value of a key (the answer lists them all,
+//!   in passage order) beside values of other keys;
+//! - `single`: one value of a key beside other keys'.
+
+use memagent_engine::agent::EVIDENCE_ANSWER;
+use rand::rngs::StdRng;
+use rand::seq::IndexedRandom;
+use rand::Rng;
+
+use super::{
+    fill, picks, sentence, value_of, Example, Mode, Patterns, FOODS, ITEMS, JOBS, MONTHS, PETS,
+    RELATIONS, REPORTS, SMALL_TALK,
+};
+
+/// The families of evidence examples, with the weight each is drawn with.
+pub const EVIDENCE_FAMILIES: [(&str, u32); 5] = [
+    ("evidence-stated", 3),
+    ("evidence-changed", 3),
+    ("evidence-unknown", 1),
+    ("evidence-list", 3),
+    ("evidence-single", 1),
+];
+
+/// The answer when no passage says (as the evidence template asks).
+const NOT_KNOWN: &str = "not known";
+
+/// A chat fact said by the user: what was said, the answer sentence and the question (a
+/// change says the same pattern again, with other values).
+struct ChatFact {
+    said: String,
+    answer: String,
+    question: String,
+}
+
+fn chat_fact(
+    p: &Patterns,
+    pattern: (&str, &str, &str),
+    name2: &str,
+    rel: &str,
+    rng: &mut StdRng,
+) -> ChatFact {
+    let date = format!(
+        "{} {}",
+        MONTHS.choose(rng).expect("months"),
+        rng.random_range(1..=28)
+    );
+    let pairs = [
+        ("name", name2),
+        ("name2", name2),
+        ("rel", rel),
+        ("date", date.as_str()),
+        ("place", p.places.choose(rng).expect("places")),
+        ("food", FOODS.choose(rng).expect("foods")),
+        ("job", JOBS.choose(rng).expect("jobs")),
+        ("item", ITEMS.choose(rng).expect("items")),
+        ("pet", PETS.choose(rng).expect("pets")),
+    ];
+    let (said, remembered, question) = pattern;
+    ChatFact {
+        said: fill(said, &pairs),
+        answer: fill(remembered, &pairs),
+        question: fill(question, &pairs),
+    }
+}
+
+/// A chat turn as a passage: `user: …`, with its time now and then.
+fn turn(text: &str, day: u32, rng: &mut StdRng) -> String {
+    if rng.random_bool(0.4) {
+        format!(
+            "[{}-{:02}-{:02} {:02}:{:02}] user: {text}",
+            2024 + day / 336,
+            1 + day / 28 % 12,
+            1 + day % 28,
+            rng.random_range(8..22),
+            rng.random_range(0..60)
+        )
+    } else {
+        format!("user: {text}")
+    }
+}
+
+/// A small-talk or passing-remark turn.
+fn chatter(p: &Patterns, rng: &mut StdRng) -> String {
+    if rng.random_bool(0.5) {
+        p.openers.choose(rng).expect("openers").to_string()
+    } else {
+        let parts = p.passing.choose(rng).expect("passing");
+        sentence(parts, rng)
+    }
+}
+
+/// An evidence example drawn with `rng` from the patterns `p`.
+pub(super) fn evidence_example(p: &Patterns, rng: &mut StdRng) -> Example {
+    let total: u32 = EVIDENCE_FAMILIES.iter().map(|(_, w)| w).sum();
+    let mut draw = rng.random_range(0..total);
+    let mut family = EVIDENCE_FAMILIES[0].0;
+    for (name, weight) in EVIDENCE_FAMILIES {
+        if draw < weight {
+            family = name;
+            break;
+        }
+        draw -= weight;
+    }
+    let (question, passages, answer) = match family {
+        "evidence-list" => keyed(p, true, rng),
+        "evidence-single" => keyed(p, false, rng),
+        "evidence-changed" => chat(p, Told::Changed, rng),
+        "evidence-unknown" => chat(p, Told::Not, rng),
+        _ => chat(p, Told::Once, rng),
+    };
+    let notes = if rng.random_bool(0.25) {
+        // A memory line about someone else.
+        let pattern = *p.chat.choose(rng).expect("chat");
+        let name = p.people.choose(rng).expect("people");
+        chat_fact(p, pattern, name, RELATIONS.choose(rng).expect("r"), rng).answer
+    } else {
+        "(none)".to_string()
+    };
+    let block = passages
+        .iter()
+        .enumerate()
+        .map(|(i, text)| format!("Passage {}: {text}", i + 1))
+        .collect::<Vec<_>>()
+        .join("\n");
+    Example {
+        family,
+        mode: Mode::General,
+        kind: "evidence",
+        template: EVIDENCE_ANSWER,
+        message: EVIDENCE_ANSWER.fill(&question, &notes, &block),
+        target: answer,
+        memory_before: None,
+    }
+}
+
+/// What the chat passages tell of the fact asked about.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Told {
+    Once,
+    Changed,
+    Not,
+}
+
+/// Chat passages: a fact (stated, changed, or absent) among other turns.
+fn chat(p: &Patterns, told: Told, rng: &mut StdRng) -> (String, Vec<String>, String) {
+    // Patterns that name someone else ({name2}) give each fact its own subject.
+    let pattern = *p.chat.choose(rng).expect("chat");
+    let names = picks(p.people, 4, rng);
+    let rel = *RELATIONS.choose(rng).expect("relations");
+    let fact = chat_fact(p, pattern, names[0], rel, rng);
+    // Other facts: other patterns (other slots), or the same pattern about someone else
+    // when it names a person.
+    let mut others: Vec<ChatFact> = Vec::new();
+    for name in &names[1..] {
+        let other = *p.chat.choose(rng).expect("chat");
+        if other.2 == pattern.2 && !other.0.contains("{name2}") {
+            continue;
+        }
+        let o = chat_fact(p, other, name, RELATIONS.choose(rng).expect("r"), rng);
+        if o.question != fact.question {
+            others.push(o);
+        }
+    }
+    let mut turns = Turns {
+        passages: Vec::new(),
+        day: rng.random_range(0..300u32),
+        others,
+    };
+    let answer = match told {
+        Told::Changed => {
+            // The same slot again with a new value, as a change.
+            // Other values; a pattern whose only value is a name gets another name.
+            let mut new = chat_fact(p, pattern, names[0], rel, rng);
+            for _ in 0..8 {
+                if new.answer != fact.answer {
+                    break;
+                }
+                let name = p.people.choose(rng).expect("people");
+                new = chat_fact(p, pattern, name, rel, rng);
+            }
+            let flag = [
+                "Actually, ",
+                "Update: ",
+                "Correction: ",
+                "Change of plan: ",
+                "",
+            ]
+            .choose(rng)
+            .expect("flags");
+            let said = if flag.is_empty() {
+                new.said.clone()
+            } else {
+                let mut s = new.said.clone();
+                if !s.starts_with("I ") && !s.starts_with("I'") {
+                    s.replace_range(..1, &s[..1].to_lowercase());
+                }
+                format!("{flag}{s}")
+            };
+            turns.filler(p, 2, rng);
+            turns.say(&fact.said, rng);
+            turns.filler(p, 2, rng);
+            turns.say(&said, rng);
+            turns.filler(p, 2, rng);
+            new.answer
+        }
+        Told::Not => {
+            turns.filler(p, 4, rng);
+            if turns.passages.is_empty() {
+                turns.say(&chatter(p, rng), rng);
+            }
+            NOT_KNOWN.to_string()
+        }
+        Told::Once => {
+            turns.filler(p, 3, rng);
+            turns.say(&fact.said, rng);
+            turns.filler(p, 3, rng);
+            fact.answer
+        }
+    };
+    (fact.question, turns.passages, answer)
+}
+
+/// Chat turns as passages, days apart.
+struct Turns {
+    passages: Vec<String>,
+    day: u32,
+    /// Facts about other people and things, said as filler.
+    others: Vec<ChatFact>,
+}
+
+impl Turns {
+    fn say(&mut self, text: &str, rng: &mut StdRng) {
+        self.day += rng.random_range(1..40);
+        self.passages.push(turn(text, self.day, rng));
+    }
+
+    /// Up to `max` turns of other facts and small talk.
+    fn filler(&mut self, p: &Patterns, max: usize, rng: &mut StdRng) {
+        for _ in 0..rng.random_range(0..=max) {
+            let text = match self.others.pop() {
+                Some(o) if rng.random_bool(0.7) => o.said,
+                _ => chatter(p, rng),
+            };
+            self.say(&text, rng);
+        }
+    }
+}
+
+/// Document passages holding values of keys: all of one key's (`list`) or its one.
+fn keyed(p: &Patterns, list: bool, rng: &mut StdRng) -> (String, Vec<String>, String) {
+    let kind = *p.kinds.choose(rng).expect("kinds");
+    let keys = picks(p.keys, 3, rng);
+    let key = keys[0];
+    let n = if list { rng.random_range(2..=5) } else { 1 };
+    let mut facts: Vec<(bool, String, String)> = Vec::new();
+    let multi: Vec<&str> = p
+        .facts
+        .iter()
+        .copied()
+        .filter(|f| !list || f.contains("One of"))
+        .collect();
+    let multi = if multi.is_empty() {
+        p.facts.to_vec()
+    } else {
+        multi
+    };
+    for _ in 0..n {
+        let value = value_of(kind, rng);
+        let pattern = multi.choose(rng).expect("facts");
+        facts.push((
+            true,
+            fill(pattern, &[("kind", kind), ("key", key), ("value", &value)]),
+            value,
+        ));
+    }
+    for other in &keys[1..rng.random_range(1..=keys.len())] {
+        let value = value_of(kind, rng);
+        let pattern = p.facts.choose(rng).expect("facts");
+        facts.push((
+            false,
+            fill(
+                pattern,
+                &[("kind", kind), ("key", other), ("value", &value)],
+            ),
+            value,
+        ));
+    }
+    // Shuffled by position in the text, each with a filler sentence now and then.
+    let mut order: Vec<usize> = (0..facts.len()).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.random_range(0..=i));
+    }
+    let mut passages = Vec::new();
+    let mut values = Vec::new();
+    for i in order {
+        let (relevant, text, value) = &facts[i];
+        if *relevant {
+            values.push(value.clone());
+        }
+        let fillers = [REPORTS, SMALL_TALK];
+        let around = sentence(fillers.choose(rng).expect("fillers"), rng);
+        passages.push(match rng.random_range(0..3) {
+            0 => format!("{around} {text}"),
+            1 => format!("{text} {around}"),
+            _ => text.clone(),
+        });
+    }
+    let pattern = if list {
+        p.ask_all.choose(rng).expect("ask_all")
+    } else {
+        p.ask_one.choose(rng).expect("ask_one")
+    };
+    let question = fill(pattern, &[("kind", kind), ("key", key)]);
+    let answer = match values.as_slice() {
+        [one] => format!("The {kind} for {key} is {one}."),
+        [init @ .., last] => format!("The {kind}s for {key} are {} and {last}.", init.join(", ")),
+        [] => NOT_KNOWN.to_string(),
+    };
+    (question, passages, answer)
+}
