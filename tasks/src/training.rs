@@ -177,6 +177,12 @@ pub struct Example {
     /// The memory the update step started from (`None` for the final answer): lines of
     /// the target not in it are what the step had to notice.
     pub memory_before: Option<String>,
+    /// Values the target states (evidence examples).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<String>,
+    /// Earlier values the passages gave and the target must not (evidence examples).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stale: Vec<String>,
 }
 
 impl Trajectory {
@@ -201,6 +207,8 @@ impl Trajectory {
                 message: update.fill(question, &s.memory_before, &s.chunk),
                 target: s.memory_after.clone(),
                 memory_before: Some(s.memory_before.clone()),
+                values: Vec::new(),
+                stale: Vec::new(),
             })
             .collect();
         let last = self.steps.last().map_or(NO_MEMORY, |s| &s.memory_after);
@@ -212,6 +220,8 @@ impl Trajectory {
             message: answer.fill(&self.question, last, ""),
             target: self.answer.clone(),
             memory_before: None,
+            values: Vec::new(),
+            stale: Vec::new(),
         });
         out
     }
@@ -485,6 +495,31 @@ static TRAIN: Patterns = Patterns {
             "I changed jobs, I'm a {job} now.",
             "The user works as a {job}.",
             "What is the user's job?",
+        ),
+        (
+            "My {rel} {name2} packed up and settled in {place}.",
+            "The user's {rel} {name2} lives in {place}.",
+            "Where does the user's {rel} live?",
+        ),
+        (
+            "{name2}, my {rel}, started a new job as a {job}.",
+            "The user's {rel} {name2} works as a {job}.",
+            "What is the job of the user's {rel}?",
+        ),
+        (
+            "Sadly we lost our old dog; the rescue pup we took in is {pet}.",
+            "The user's dog is called {pet}.",
+            "What is the user's dog called?",
+        ),
+        (
+            "I've gone off my old favourite, now it's {food} all the way.",
+            "The user's favourite food is {food}.",
+            "What is the user's favourite food?",
+        ),
+        (
+            "The {item} got moved, it's booked for {date} now.",
+            "Decision: book the {item} for {date}.",
+            "What was decided about the {item}?",
         ),
     ],
     openers: &[

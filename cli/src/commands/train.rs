@@ -75,12 +75,17 @@ fn print_data(global: &GlobalArgs, args: &TrainDataArgs) -> Result<()> {
             let e = data.example(split, i)?;
             let seq = data.tokenize(&e.message, &e.target, e.memory_before.as_deref())?;
             let weight: f32 = seq.weights.iter().sum();
-            serde_json::to_string(&serde_json::json!({
+            let mut row = serde_json::json!({
                 "index": i, "split": split, "family": e.family, "mode": e.mode, "kind": e.kind,
                 "template": e.template, "tokens": seq.ids.len(), "target_tokens": seq.target_tokens(),
                 "target_weight": weight,
                 "message": e.message, "target": e.target,
-            }))?
+            });
+            if !e.values.is_empty() || !e.stale.is_empty() {
+                row["values"] = serde_json::json!(e.values);
+                row["stale"] = serde_json::json!(e.stale);
+            }
+            serde_json::to_string(&row)?
         };
         writeln!(out, "{line}")?;
     }

@@ -35,12 +35,95 @@ pub const EVIDENCE_FAMILIES: [(&str, u32); 5] = [
 /// The answer when no passage says (as the evidence template asks).
 const NOT_KNOWN: &str = "not known";
 
-/// A chat fact said by the user: what was said, the answer sentence and the question (a
-/// change says the same pattern again, with other values).
+/// A chat fact said by the user: what was said, the answer sentence and the question.
 struct ChatFact {
     said: String,
     answer: String,
     question: String,
+}
+
+/// The values of a chat pattern's placeholders.
+#[derive(Clone)]
+struct Values(Vec<(&'static str, String)>);
+
+impl Values {
+    fn draw(p: &Patterns, name2: &str, rel: &str, rng: &mut StdRng) -> Self {
+        let keys = [
+            "name", "name2", "rel", "date", "place", "food", "job", "item", "pet",
+        ];
+        Self(
+            keys.iter()
+                .map(|&k| {
+                    let v = match k {
+                        "name" | "name2" => name2.to_string(),
+                        "rel" => rel.to_string(),
+                        _ => value(p, k, rng),
+                    };
+                    (k, v)
+                })
+                .collect(),
+        )
+    }
+
+    /// These values with `key` drawn again (another value than before, when the list
+    /// has one).
+    fn changed(&self, p: &Patterns, key: &str, rng: &mut StdRng) -> Self {
+        let mut out = self.clone();
+        for (k, v) in &mut out.0 {
+            if *k == key || (key == "name2" && *k == "name") || (key == "name" && *k == "name2") {
+                let old = v.clone();
+                for _ in 0..8 {
+                    *v = value(p, key, rng);
+                    if *v != old {
+                        break;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn get(&self, key: &str) -> String {
+        self.0
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map_or(String::new(), |(_, v)| v.clone())
+    }
+
+    fn fact(&self, pattern: (&str, &str, &str)) -> ChatFact {
+        let pairs: Vec<(&str, &str)> = self.0.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (said, remembered, question) = pattern;
+        ChatFact {
+            said: fill(said, &pairs),
+            answer: fill(remembered, &pairs),
+            question: fill(question, &pairs),
+        }
+    }
+}
+
+fn value(p: &Patterns, key: &str, rng: &mut StdRng) -> String {
+    match key {
+        "name" | "name2" => p.people.choose(rng).expect("people").to_string(),
+        "rel" => RELATIONS.choose(rng).expect("relations").to_string(),
+        "date" => format!(
+            "{} {}",
+            MONTHS.choose(rng).expect("months"),
+            rng.random_range(1..=28)
+        ),
+        "place" => p.places.choose(rng).expect("places").to_string(),
+        "food" => FOODS.choose(rng).expect("foods").to_string(),
+        "job" => JOBS.choose(rng).expect("jobs").to_string(),
+        "item" => ITEMS.choose(rng).expect("items").to_string(),
+        _ => PETS.choose(rng).expect("pets").to_string(),
+    }
+}
+
+/// The placeholder a remembered fact ends on: its value (the rest is its subject).
+fn value_key(remembered: &str) -> &str {
+    remembered
+        .rsplit_once('{')
+        .and_then(|(_, rest)| rest.split_once('}'))
+        .map_or("", |(key, _)| key)
 }
 
 fn chat_fact(
@@ -50,28 +133,7 @@ fn chat_fact(
     rel: &str,
     rng: &mut StdRng,
 ) -> ChatFact {
-    let date = format!(
-        "{} {}",
-        MONTHS.choose(rng).expect("months"),
-        rng.random_range(1..=28)
-    );
-    let pairs = [
-        ("name", name2),
-        ("name2", name2),
-        ("rel", rel),
-        ("date", date.as_str()),
-        ("place", p.places.choose(rng).expect("places")),
-        ("food", FOODS.choose(rng).expect("foods")),
-        ("job", JOBS.choose(rng).expect("jobs")),
-        ("item", ITEMS.choose(rng).expect("items")),
-        ("pet", PETS.choose(rng).expect("pets")),
-    ];
-    let (said, remembered, question) = pattern;
-    ChatFact {
-        said: fill(said, &pairs),
-        answer: fill(remembered, &pairs),
-        question: fill(question, &pairs),
-    }
+    Values::draw(p, name2, rel, rng).fact(pattern)
 }
 
 /// A chat turn as a passage: `user: …`, with its time now and then.
@@ -112,7 +174,13 @@ pub(super) fn evidence_example(p: &Patterns, rng: &mut StdRng) -> Example {
         }
         draw -= weight;
     }
-    let (question, passages, answer) = match family {
+    let Answered {
+        question,
+        passages,
+        answer,
+        values,
+        stale,
+    } = match family {
         "evidence-list" => keyed(p, true, rng),
         "evidence-single" => keyed(p, false, rng),
         "evidence-changed" => chat(p, Told::Changed, rng),
@@ -141,7 +209,19 @@ pub(super) fn evidence_example(p: &Patterns, rng: &mut StdRng) -> Example {
         message: EVIDENCE_ANSWER.fill(&question, &notes, &block),
         target: answer,
         memory_before: None,
+        values,
+        stale,
     }
+}
+
+/// A question, the passages for it and the answer they support, with the values it
+/// states and the earlier ones it must not.
+struct Answered {
+    question: String,
+    passages: Vec<String>,
+    answer: String,
+    values: Vec<String>,
+    stale: Vec<String>,
 }
 
 /// What the chat passages tell of the fact asked about.
@@ -153,12 +233,13 @@ enum Told {
 }
 
 /// Chat passages: a fact (stated, changed, or absent) among other turns.
-fn chat(p: &Patterns, told: Told, rng: &mut StdRng) -> (String, Vec<String>, String) {
+fn chat(p: &Patterns, told: Told, rng: &mut StdRng) -> Answered {
     // Patterns that name someone else ({name2}) give each fact its own subject.
     let pattern = *p.chat.choose(rng).expect("chat");
     let names = picks(p.people, 4, rng);
     let rel = *RELATIONS.choose(rng).expect("relations");
-    let fact = chat_fact(p, pattern, names[0], rel, rng);
+    let values = Values::draw(p, names[0], rel, rng);
+    let fact = values.fact(pattern);
     // Other facts: other patterns (other slots), or the same pattern about someone else
     // when it names a person.
     let mut others: Vec<ChatFact> = Vec::new();
@@ -177,58 +258,68 @@ fn chat(p: &Patterns, told: Told, rng: &mut StdRng) -> (String, Vec<String>, Str
         day: rng.random_range(0..300u32),
         others,
     };
-    let answer = match told {
+    let key = value_key(pattern.1);
+    let (answer, stated, stale) = match told {
         Told::Changed => {
             // The same slot again with a new value, as a change.
-            // Other values; a pattern whose only value is a name gets another name.
-            let mut new = chat_fact(p, pattern, names[0], rel, rng);
-            for _ in 0..8 {
-                if new.answer != fact.answer {
-                    break;
+            // The same subject with another value: said in a change's own words when
+            // the patterns have one for this question, else said again with a flag.
+            let new_values = values.changed(p, key, rng);
+            let updates: Vec<_> = p.chat_updates.iter().filter(|u| u.2 == pattern.2).collect();
+            let new = new_values.fact(pattern);
+            let said = match updates.choose(rng) {
+                Some(update) if rng.random_bool(0.7) => new_values.fact(**update).said,
+                _ => {
+                    let flag = [
+                        "Actually, ",
+                        "Update: ",
+                        "Correction: ",
+                        "Change of plan: ",
+                        "",
+                    ]
+                    .choose(rng)
+                    .expect("flags");
+                    let mut s = new.said.clone();
+                    if !flag.is_empty() && !s.starts_with("I ") && !s.starts_with("I'") {
+                        s.replace_range(..1, &s[..1].to_lowercase());
+                    }
+                    format!("{flag}{s}")
                 }
-                let name = p.people.choose(rng).expect("people");
-                new = chat_fact(p, pattern, name, rel, rng);
-            }
-            let flag = [
-                "Actually, ",
-                "Update: ",
-                "Correction: ",
-                "Change of plan: ",
-                "",
-            ]
-            .choose(rng)
-            .expect("flags");
-            let said = if flag.is_empty() {
-                new.said.clone()
-            } else {
-                let mut s = new.said.clone();
-                if !s.starts_with("I ") && !s.starts_with("I'") {
-                    s.replace_range(..1, &s[..1].to_lowercase());
-                }
-                format!("{flag}{s}")
             };
             turns.filler(p, 2, rng);
             turns.say(&fact.said, rng);
             turns.filler(p, 2, rng);
             turns.say(&said, rng);
             turns.filler(p, 2, rng);
-            new.answer
+            (new.answer, vec![new_values.get(key)], vec![values.get(key)])
         }
         Told::Not => {
             turns.filler(p, 4, rng);
             if turns.passages.is_empty() {
                 turns.say(&chatter(p, rng), rng);
             }
-            NOT_KNOWN.to_string()
+            (NOT_KNOWN.to_string(), Vec::new(), Vec::new())
         }
         Told::Once => {
             turns.filler(p, 3, rng);
             turns.say(&fact.said, rng);
             turns.filler(p, 3, rng);
-            fact.answer
+            (fact.answer, vec![values.get(key)], Vec::new())
         }
     };
-    (fact.question, turns.passages, answer)
+    // Asked in the user's own words now and then ("Where does my sister live?").
+    let question = if rng.random_bool(0.4) {
+        fact.question.replace("the user's ", "my ")
+    } else {
+        fact.question
+    };
+    Answered {
+        question,
+        passages: turns.passages,
+        answer,
+        values: stated,
+        stale,
+    }
 }
 
 /// Chat turns as passages, days apart.
@@ -258,7 +349,7 @@ impl Turns {
 }
 
 /// Document passages holding values of keys: all of one key's (`list`) or its one.
-fn keyed(p: &Patterns, list: bool, rng: &mut StdRng) -> (String, Vec<String>, String) {
+fn keyed(p: &Patterns, list: bool, rng: &mut StdRng) -> Answered {
     let kind = *p.kinds.choose(rng).expect("kinds");
     let keys = picks(p.keys, 3, rng);
     let key = keys[0];
@@ -327,5 +418,11 @@ fn keyed(p: &Patterns, list: bool, rng: &mut StdRng) -> (String, Vec<String>, St
         [init @ .., last] => format!("The {kind}s for {key} are {} and {last}.", init.join(", ")),
         [] => NOT_KNOWN.to_string(),
     };
-    (question, passages, answer)
+    Answered {
+        question,
+        passages,
+        answer,
+        values,
+        stale: Vec::new(),
+    }
 }

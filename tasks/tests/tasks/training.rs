@@ -166,31 +166,26 @@ fn evidence_examples_answer_from_the_newest_passage_and_list_every_value() {
         assert_eq!(e.kind, "evidence");
         seen.insert(e.family);
         let found = passages(&e.message);
-        let value = e.target.trim_end_matches('.').rsplit(' ').next().unwrap();
-        let at = found.iter().position(|p| p.contains(value));
+        // Where each value is said: the last passage that says it.
+        let said = |v: &str| found.iter().rposition(|p| p.contains(v));
+        for v in &e.values {
+            assert!(e.target.contains(v.as_str()), "{v} in {}", e.target);
+        }
+        for v in &e.stale {
+            assert!(!e.target.contains(v.as_str()), "stale {v} in {}", e.target);
+        }
         match e.family {
-            "evidence-unknown" => assert_eq!(e.target, "not known"),
+            "evidence-unknown" => {
+                assert_eq!(e.target, "not known");
+                assert!(e.values.is_empty());
+            }
             "evidence-list" => {
                 // Every value, in the order the passages give them.
-                let list = e
-                    .target
-                    .split(" are ")
-                    .nth(1)
-                    .unwrap()
-                    .trim_end_matches('.');
-                let values: Vec<&str> = list
-                    .split([',', ' '])
-                    .filter(|v| !v.is_empty() && *v != "and")
-                    .collect();
-                assert!(values.len() >= 2, "{}", e.target);
-                let places: Vec<usize> = values
+                assert!(e.values.len() >= 2, "{}", e.target);
+                let places: Vec<usize> = e
+                    .values
                     .iter()
-                    .map(|v| {
-                        found
-                            .iter()
-                            .position(|p| p.contains(v))
-                            .expect("value in a passage")
-                    })
+                    .map(|v| said(v).unwrap_or_else(|| panic!("{v} in no passage")))
                     .collect();
                 assert!(
                     places.windows(2).all(|w| w[0] < w[1]),
@@ -199,33 +194,19 @@ fn evidence_examples_answer_from_the_newest_passage_and_list_every_value() {
                 );
             }
             "evidence-changed" => {
-                // Two passages say the same thing with other values: the answer has the
-                // later one's values and none of the earlier one's.
-                let words = |p: &str| -> Vec<String> {
-                    let p = p.rsplit("user: ").next().unwrap();
-                    let p = ["Actually, ", "Update: ", "Correction: ", "Change of plan: "]
-                        .iter()
-                        .fold(p, |p, flag| p.strip_prefix(flag).unwrap_or(p));
-                    p.split(' ')
-                        .map(|w| w.trim_matches(['.', ',', '!']).to_lowercase())
-                        .collect()
-                };
-                let target = words(&e.target);
-                let follows_newer = (0..found.len()).any(|j| {
-                    (0..j).any(|i| {
-                        let (old, new) = (words(found[i]), words(found[j]));
-                        let same_start = old.iter().take(2).eq(new.iter().take(2));
-                        let added: Vec<&String> = new.iter().filter(|w| !old.contains(w)).collect();
-                        let gone: Vec<&String> = old.iter().filter(|w| !new.contains(w)).collect();
-                        same_start
-                            && !added.is_empty()
-                            && added.iter().all(|w| target.contains(w))
-                            && gone.iter().all(|w| !target.contains(w))
-                    })
-                });
-                assert!(follows_newer, "{}\n=> {}", e.message, e.target);
+                // The answer's value is said after the value it replaces was.
+                assert_eq!((e.values.len(), e.stale.len()), (1, 1), "{}", e.message);
+                let new = said(&e.values[0]).expect("the new value in a passage");
+                let old = found
+                    .iter()
+                    .position(|p| p.contains(e.stale[0].as_str()))
+                    .expect("the old value in a passage");
+                assert!(old < new, "{}\n=> {}", e.message, e.target);
             }
-            _ => assert!(at.is_some(), "{value} in no passage: {}", e.message),
+            _ => {
+                assert_eq!(e.values.len(), 1, "{}", e.target);
+                assert!(said(&e.values[0]).is_some(), "{}", e.message);
+            }
         }
     }
     for (family, _) in EVIDENCE_FAMILIES {
