@@ -484,6 +484,16 @@ static TRAIN: Patterns = Patterns {
             "The user's anniversary is {date}.",
             "When is the user's anniversary?",
         ),
+        (
+            "{name2}, my {rel}, keeps a dog; its name is {pet}.",
+            "The user's {rel} {name2} has a dog called {pet}.",
+            "What's the name of the dog {name2} keeps?",
+        ),
+        (
+            "{name2} from next door is a {job} at the hospital.",
+            "The user's neighbour {name2} works as a {job}.",
+            "What job does {name2} have?",
+        ),
     ],
     chat_updates: &[
         (
@@ -515,6 +525,16 @@ static TRAIN: Patterns = Patterns {
             "I've gone off my old favourite, now it's {food} all the way.",
             "The user's favourite food is {food}.",
             "What is the user's favourite food?",
+        ),
+        (
+            "{name2}'s dog ran off, so {name2} got a new one and named it {pet}.",
+            "The user's {rel} {name2} has a dog called {pet}.",
+            "What's the name of the dog {name2} keeps?",
+        ),
+        (
+            "{name2} from next door left the hospital and is a {job} now.",
+            "The user's neighbour {name2} works as a {job}.",
+            "What job does {name2} have?",
         ),
         (
             "The {item} got moved, it's booked for {date} now.",
