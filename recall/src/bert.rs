@@ -105,6 +105,17 @@ impl Dense {
     fn product(&self, x: &[f32], rows: usize) -> Vec<f32> {
         gemm_t(x, rows, &self.weight, self.out, self.input)
     }
+
+    /// `f(x · wᵀ + b)` of `rows` rows of `x`.
+    fn forward(&self, x: &[f32], rows: usize, f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
+        let mut y = self.product(x, rows);
+        each_row(&mut y, self.out, |_, row| {
+            for (v, b) in row.iter_mut().zip(&self.bias) {
+                *v = f(*v + b);
+            }
+        });
+        y
+    }
 }
 
 /// `f` of each value of `x`, combined by `op` in 16 lanes and then across them: a fixed
@@ -324,7 +335,7 @@ impl Bert {
             self.embedding_norm.row(row, self.eps);
         });
         for layer in &self.layers {
-            let qkv = self.qkv(layer, &x, rows);
+            let qkv = layer.qkv.forward(&x, rows, |v| v);
             let context = self.attend(&qkv, &spans);
             x = self.add_and_norm(
                 layer.out.product(&context, rows),
@@ -332,12 +343,7 @@ impl Bert {
                 &x,
                 &layer.attention_norm,
             );
-            let mut up = layer.up.product(&x, rows);
-            each_row(&mut up, layer.up.out, |_, row| {
-                for (v, b) in row.iter_mut().zip(&layer.up.bias) {
-                    *v = gelu(*v + b);
-                }
-            });
+            let up = layer.up.forward(&x, rows, gelu);
             x = self.add_and_norm(
                 layer.down.product(&up, rows),
                 &layer.down,
@@ -381,17 +387,6 @@ impl Bert {
             norm.row(row, self.eps);
         });
         product
-    }
-
-    /// Query, key and value of every row: (rows, 3h), biases added.
-    fn qkv(&self, layer: &Layer, x: &[f32], rows: usize) -> Vec<f32> {
-        let mut qkv = layer.qkv.product(x, rows);
-        each_row(&mut qkv, layer.qkv.out, |_, row| {
-            for (v, b) in row.iter_mut().zip(&layer.qkv.bias) {
-                *v += b;
-            }
-        });
-        qkv
     }
 
     /// Each text's self-attention, head by head (one task each): (rows, h).

@@ -1,5 +1,5 @@
-//! The sentence embedder: all-MiniLM-L6-v2 (BERT, 6 layers, 384 dimensions), each text
-//! encoded on its own ([`crate::bert`]), mean-pooled over its tokens and L2-normalised, as
+//! The sentence embedder: all-MiniLM-L6-v2 (BERT, 6 layers, 384 dimensions), texts
+//! packed so that each vector is the one the text gets alone ([`crate::bert`]), mean-pooled over its tokens and L2-normalised, as
 //! sentence-transformers does.
 
 use std::path::{Path, PathBuf};
@@ -134,7 +134,6 @@ impl Embedder {
             stats.seconds = started.elapsed().as_secs_f64();
             return Ok((vectors, stats));
         };
-        let mut out = Vec::with_capacity(texts.len());
         let encodings = model
             .tokenizer
             .encode_batch(texts.to_vec(), true)
@@ -145,10 +144,9 @@ impl Embedder {
             stats.flops += self.flops(text.len());
         }
         let vectors = model.bert.embed(&ids)?;
-        out.extend(vectors);
         stats.texts = texts.len();
         stats.seconds = started.elapsed().as_secs_f64();
-        Ok((out, stats))
+        Ok((vectors, stats))
     }
 
     /// A unit vector drawn from a generator seeded by the text's FNV-1a hash.
