@@ -306,6 +306,16 @@ pub struct TrainRunArgs {
     /// Projections that get adapters: q, k, v, o, gate, up, down
     #[arg(long, value_delimiter = ',', default_value = "q,k,v,o,gate,up,down")]
     pub targets: Vec<String>,
+    /// Adapt only the top N blocks: the backward pass stops at the lowest adapted
+    /// block, so each update costs less (unset: every block)
+    #[arg(long, value_name = "N")]
+    pub top_layers: Option<usize>,
+    /// Measure instead of training: run this many updates (default 6, the first one a
+    /// warm-up) in a temporary directory, then print training tokens/s and useful
+    /// GFLOP/s beside the prefill projections' GFLOP/s of the same model on this machine
+    /// in the same run. Nothing is written to --out
+    #[arg(long, value_name = "UPDATES", num_args = 0..=1, default_missing_value = "6")]
+    pub bench: Option<u64>,
     /// Seed of the adapters' initial values
     #[arg(long, default_value_t = 7)]
     pub init_seed: u64,

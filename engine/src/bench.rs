@@ -32,6 +32,19 @@ pub struct BenchResult {
     pub gflop_per_second: Option<f64>,
 }
 
+/// The processor's model name (Linux's /proc/cpuinfo; empty elsewhere), recorded with
+/// every benchmark.
+pub fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
 /// Prefill of `tokens` prompt tokens (from `filler`), `repeats` times, median reported.
 pub fn bench_prefill(
     model: &LocalModel,

@@ -16,6 +16,7 @@
 //! }
 //! ```
 
+mod attention;
 mod data;
 mod error;
 mod lora;
@@ -26,6 +27,7 @@ mod optim;
 mod plot;
 mod run;
 
+pub use attention::{causal_attention, reference_attention};
 pub use data::TaskData;
 pub use error::{Error, Result};
 pub use lora::{Adapters, Lora, LoraConfig, Target, ALL_TARGETS};

@@ -94,6 +94,10 @@ pub struct LoraConfig {
     pub rank: usize,
     pub alpha: f64,
     pub targets: Vec<Target>,
+    /// Adapt only the top this many blocks (all when unset): the backward pass then
+    /// stops at the lowest adapted block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_layers: Option<usize>,
 }
 
 impl Default for LoraConfig {
@@ -102,6 +106,7 @@ impl Default for LoraConfig {
             rank: 8,
             alpha: 16.0,
             targets: ALL_TARGETS.to_vec(),
+            top_layers: None,
         }
     }
 }
@@ -109,6 +114,11 @@ impl Default for LoraConfig {
 impl LoraConfig {
     pub fn scale(&self) -> f64 {
         self.alpha / self.rank as f64
+    }
+
+    /// The first adapted block of a model with `n_layer` blocks.
+    pub fn first_layer(&self, n_layer: usize) -> usize {
+        n_layer - self.top_layers.unwrap_or(n_layer).min(n_layer)
     }
 }
 
@@ -162,9 +172,14 @@ impl Adapters {
         if config.rank == 0 {
             return Err(Error::Config("the LoRA rank must be at least 1".into()));
         }
+        if config.top_layers == Some(0) {
+            return Err(Error::Config(
+                "--top-layers must be at least 1 (or unset: every block)".into(),
+            ));
+        }
         let mut rng = StdRng::seed_from_u64(seed);
         let mut layers = BTreeMap::new();
-        for i in 0..n_layer {
+        for i in config.first_layer(n_layer)..n_layer {
             for &t in &config.targets {
                 let (inp, out) = shape(t);
                 layers.insert(

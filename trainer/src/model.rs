@@ -9,7 +9,7 @@ use memagent_engine::{rope_tables, Config, GgufFile};
 
 use crate::error::Result;
 use crate::lora::{Adapters, LoraConfig, Target};
-use crate::ops::{causal_softmax, rms_norm, rope, Frozen};
+use crate::ops::{rms_norm, rms_norm_composed, rope, swiglu, Frozen};
 
 struct Block {
     attn_norm: Tensor,
@@ -33,6 +33,10 @@ pub struct TrainModel {
     cos: Tensor,
     sin: Tensor,
     pub adapters: Adapters,
+    /// Every operation composed from candle's own (matmul, element-wise ops, attention
+    /// materialising its scores) instead of the fused kernels on the engine's GEMM: the
+    /// reference the fused pass is compared with.
+    pub reference: bool,
 }
 
 impl TrainModel {
@@ -105,6 +109,7 @@ impl TrainModel {
             cos,
             sin,
             adapters,
+            reference: false,
         })
     }
 
@@ -123,8 +128,22 @@ impl TrainModel {
             cfg.n_kv_head * cfg.head_dim,
             cfg.head_dim,
         );
-        let group = cfg.n_head / cfg.n_kv_head;
         let scale = 1.0 / (hd as f32).sqrt();
+        let reference = self.reference;
+        let norm = |x: &Tensor, w: &Tensor| {
+            if reference {
+                rms_norm_composed(x, w, cfg.rms_eps)
+            } else {
+                rms_norm(x, w, cfg.rms_eps)
+            }
+        };
+        let linear = |w: &Frozen, x: &Tensor| {
+            if reference {
+                w.forward_composed(x)
+            } else {
+                w.forward(x)
+            }
+        };
         for (i, block) in self.blocks.iter().enumerate() {
             let lora = |target: Target, h: &Tensor, y: Tensor| -> Result<Tensor> {
                 Ok(match self.adapters.get(i, target) {
@@ -132,8 +151,8 @@ impl TrainModel {
                     None => y,
                 })
             };
-            let h = rms_norm(&x, &block.attn_norm, cfg.rms_eps)?;
-            let mut qkv = block.wqkv.forward(&h)?;
+            let h = norm(&x, &block.attn_norm)?;
+            let mut qkv = linear(&block.wqkv, &h)?;
             if let Some(b) = &block.bqkv {
                 qkv = qkv.broadcast_add(b)?;
             }
@@ -143,32 +162,75 @@ impl TrainModel {
             let heads = |x: Tensor, n: usize| -> Result<Tensor> {
                 Ok(x.reshape((1, t, n, hd))?.transpose(1, 2)?.contiguous()?)
             };
-            let q = rope(&heads(q, cfg.n_head)?, &cos, &sin, cfg.rope_interleaved)?;
-            let k = rope(&heads(k, cfg.n_kv_head)?, &cos, &sin, cfg.rope_interleaved)?;
-            let v = heads(v, cfg.n_kv_head)?;
-            // Query heads sharing a key/value head are stacked as rows: (1, kv, g·t, hd).
-            let q = q.reshape((1, cfg.n_kv_head, group * t, hd))?;
-            let probs = causal_softmax(&q.matmul(&k.t()?)?, scale)?;
-            let y = probs
-                .matmul(&v)?
-                .reshape((1, cfg.n_head, t, hd))?
-                .transpose(1, 2)?
-                .reshape((t, nq))?;
-            x = (&x + lora(Target::O, &y, block.wo.forward(&y)?)?)?;
-            let h = rms_norm(&x, &block.ffn_norm, cfg.rms_eps)?;
-            let gu = block.w_gate_up.forward(&h)?;
+            let q = rope(&heads(q, cfg.n_head)?, &cos, &sin, cfg.rope_interleaved)?.squeeze(0)?;
+            let k =
+                rope(&heads(k, cfg.n_kv_head)?, &cos, &sin, cfg.rope_interleaved)?.squeeze(0)?;
+            let v = heads(v, cfg.n_kv_head)?.squeeze(0)?;
+            let y = if reference {
+                crate::attention::reference_attention(&q, &k, &v, scale)?
+            } else {
+                crate::attention::causal_attention(&q, &k, &v, scale)?
+            };
+            x = (&x + lora(Target::O, &y, linear(&block.wo, &y)?)?)?;
+            let h = norm(&x, &block.ffn_norm)?;
+            let gu = linear(&block.w_gate_up, &h)?;
             let gate = lora(Target::Gate, &h, gu.narrow(1, 0, cfg.n_ff)?)?;
             let up = lora(Target::Up, &h, gu.narrow(1, cfg.n_ff, cfg.n_ff)?)?;
-            let ff = (gate.silu()? * up)?;
-            x = (&x + lora(Target::Down, &ff, block.w_down.forward(&ff)?)?)?;
+            let ff = if reference {
+                (gate.silu()? * up)?
+            } else {
+                swiglu(&gate, &up)?
+            };
+            x = (&x + lora(Target::Down, &ff, linear(&block.w_down, &ff)?)?)?;
         }
         let at = Tensor::from_vec(
             positions.iter().map(|&p| p as u32).collect::<Vec<_>>(),
             positions.len(),
             &dev,
         )?;
-        let h = rms_norm(&x.index_select(&at, 0)?, &self.norm, cfg.rms_eps)?;
-        Ok(self.lm_head.forward(&h)?)
+        let h = norm(&x.index_select(&at, 0)?, &self.norm)?;
+        Ok(linear(&self.lm_head, &h)?)
+    }
+
+    /// Floating-point operations a training pass over a `tokens`-token sequence must do,
+    /// with the loss on `targets` of them: every projection and attention product
+    /// forward, the input gradients of each from the top down to the lowest adapted
+    /// block, the vocabulary projection forward and back on the target rows, and the
+    /// adapters' own products. Recomputation and work on masked scores do not count.
+    pub fn useful_flops(&self, tokens: usize, targets: usize) -> f64 {
+        let c = &self.config;
+        let (t, d, ff) = (tokens as f64, c.n_embd as f64, c.n_ff as f64);
+        let (nq, nkv) = (
+            (c.n_head * c.head_dim) as f64,
+            (c.n_kv_head * c.head_dim) as f64,
+        );
+        let projections = 2.0 * t * (d * (nq + 2.0 * nkv) + nq * d + 3.0 * d * ff);
+        // q kᵀ and p v over the causal half: t (t + 1) / 2 pairs per head.
+        let attention = 2.0 * 2.0 * (t * (t + 1.0) / 2.0) * nq;
+        let adapted = (c.n_layer - self.adapters.config.first_layer(c.n_layer)) as f64;
+        let rank = self.adapters.config.rank as f64;
+        let lora: f64 = self
+            .adapters
+            .config
+            .targets
+            .iter()
+            .map(|target| {
+                let (i, o) = match target {
+                    Target::Q => (d, nq),
+                    Target::K | Target::V => (d, nkv),
+                    Target::O => (nq, d),
+                    Target::Gate | Target::Up => (d, ff),
+                    Target::Down => (ff, d),
+                };
+                // Forward (two products), their input gradients and both weights'.
+                3.0 * 2.0 * t * rank * (i + o)
+            })
+            .sum();
+        let vocab = 2.0 * 2.0 * targets as f64 * d * c.vocab_size as f64;
+        // The backward pass of attention does twice its forward products.
+        c.n_layer as f64 * (projections + attention)
+            + adapted * (projections + 2.0 * attention + lora)
+            + vocab
     }
 
     /// The merged weight of one projection (for export and checks): W + scale · B A.

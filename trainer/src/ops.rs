@@ -1,11 +1,13 @@
 //! Differentiable operations the training forward pass needs beyond candle's own:
 //! products with frozen weights and rotary embeddings (linear maps whose backward pass
 //! is another linear map, so no gradient is ever computed for the frozen weights), a
-//! causal softmax with its backward, and RMS normalisation from composed ops.
+//! causal softmax with its backward, and RMS normalisation and the SwiGLU gate as one
+//! pass each way over rows (composed from candle ops, each was seven to ten passes over
+//! fresh tensors). Products and row loops run on the engine's thread pool.
 
 use std::sync::Arc;
 
-use candle_core::{CpuStorage, CustomOp1, Device, Layout, Result, Shape, Tensor, D};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Device, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 
 type Map = Arc<dyn Fn(&Tensor) -> Result<Tensor> + Send + Sync>;
@@ -24,13 +26,8 @@ impl CustomOp1 for LinearMap {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let CpuStorage::F32(data) = storage else {
-            candle_core::bail!("{} expects f32", self.name)
-        };
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("{} expects a contiguous input", self.name)
-        };
-        let x = Tensor::from_slice(&data[start..end], layout.shape(), &Device::Cpu)?;
+        let x = values(storage, layout, self.name)?;
+        let x = Tensor::from_slice(x, layout.shape(), &Device::Cpu)?;
         let y = (self.fwd)(&x)?;
         let shape = y.shape().clone();
         let values = y.flatten_all()?.to_vec1::<f32>()?;
@@ -68,24 +65,254 @@ impl Frozen {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let (w1, w2) = (self.w.clone(), self.w.clone());
-        linear_map(
-            x,
-            "frozen-linear",
-            Arc::new(move |x| matmul_last(x, &w1.t()?)),
-            Arc::new(move |g| matmul_last(g, &w2)),
-        )
+        if !x.device().is_cpu() || x.dtype() != candle_core::DType::F32 {
+            return self.forward_composed(x);
+        }
+        x.contiguous()?
+            .apply_op1(FrozenLinear { w: self.w.clone() })
+    }
+
+    /// The same product through candle's matmul, whose backward pass also computes the
+    /// weight's gradient and drops it (off the CPU, and the reference for tests).
+    pub fn forward_composed(&self, x: &Tensor) -> Result<Tensor> {
+        let (n, k) = self.w.dims2()?;
+        let mut dims = x.dims().to_vec();
+        let rows = x.elem_count() / k.max(1);
+        *dims.last_mut().expect("rank >= 1") = n;
+        x.reshape((rows, k))?.matmul(&self.w.t()?)?.reshape(dims)
     }
 }
 
-/// `x (.., k) · m (k, n) -> (.., n)`.
-fn matmul_last(x: &Tensor, m: &Tensor) -> Result<Tensor> {
-    let mut dims = x.dims().to_vec();
-    let k = *dims.last().unwrap_or(&1);
-    let rows = x.elem_count() / k.max(1);
-    let y = x.reshape((rows, k))?.matmul(m)?;
-    *dims.last_mut().expect("rank >= 1") = y.dim(1)?;
-    y.reshape(dims)
+/// Runs `f` on the values of a contiguous f32 CPU tensor.
+fn with_values<T>(t: &Tensor, f: impl FnOnce(&[f32]) -> T) -> Result<T> {
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    let candle_core::Storage::Cpu(CpuStorage::F32(data)) = &*storage else {
+        candle_core::bail!("expected an f32 tensor on the CPU")
+    };
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        candle_core::bail!("expected a contiguous tensor")
+    };
+    Ok(f(&data[start..end]))
+}
+
+/// The values of a contiguous f32 storage.
+pub(crate) fn values<'a>(storage: &'a CpuStorage, layout: &Layout, op: &str) -> Result<&'a [f32]> {
+    let CpuStorage::F32(data) = storage else {
+        candle_core::bail!("{op} expects f32")
+    };
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        candle_core::bail!("{op} expects a contiguous input")
+    };
+    Ok(&data[start..end])
+}
+
+/// `x wᵀ` on the engine's GEMM (the micro-kernel prefill runs); its backward pass,
+/// `g w`, gives the input's gradient only.
+struct FrozenLinear {
+    w: Tensor,
+}
+
+impl CustomOp1 for FrozenLinear {
+    fn name(&self) -> &'static str {
+        "frozen-linear"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = values(storage, layout, "frozen-linear")?;
+        let (n, k) = self.w.dims2()?;
+        let mut dims = layout.dims().to_vec();
+        if dims.last() != Some(&k) {
+            candle_core::bail!("frozen-linear: input {dims:?} for a ({n}, {k}) weight")
+        }
+        *dims.last_mut().expect("rank >= 1") = n;
+        let y = with_values(&self.w, |w| {
+            memagent_engine::gemm_t(x, x.len() / k, w, n, k)
+        })?;
+        Ok((CpuStorage::F32(y), Shape::from(dims)))
+    }
+
+    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let (n, k) = self.w.dims2()?;
+        let dx = with_values(grad, |g| {
+            with_values(&self.w, |w| {
+                memagent_engine::gemm_n(g, g.len() / n, w, n, k)
+            })
+        })??;
+        Ok(Some(Tensor::from_vec(dx, arg.shape(), arg.device())?))
+    }
+}
+
+/// RMS normalisation of the last dimension, times a frozen `weight`.
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+    if !x.device().is_cpu() || x.dtype() != candle_core::DType::F32 {
+        return rms_norm_composed(x, weight, eps);
+    }
+    let weight = weight.flatten_all()?.to_vec1::<f32>()?;
+    if x.dims().last() != Some(&weight.len()) {
+        candle_core::bail!("rms-norm: input {:?}, weight of {}", x.dims(), weight.len())
+    }
+    x.contiguous()?.apply_op1(RmsNorm { weight, eps })
+}
+
+/// RMS normalisation from composed (differentiable) ops (off the CPU, and the
+/// reference the tests compare with).
+pub fn rms_norm_composed(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+    let inv = (ms + f64::from(eps))?.sqrt()?.recip()?;
+    x.broadcast_mul(&inv)?.broadcast_mul(weight)
+}
+
+struct RmsNorm {
+    weight: Vec<f32>,
+    eps: f32,
+}
+
+impl RmsNorm {
+    fn inverse_rms(&self, row: &[f32]) -> f32 {
+        let ms = row.iter().map(|v| v * v).sum::<f32>() / row.len() as f32;
+        1.0 / (ms + self.eps).sqrt()
+    }
+}
+
+/// `out[r] = f(r, row r of each input)` over rows of `width`, on the engine's pool.
+fn map_rows(inputs: &[&[f32]], width: usize, f: impl Fn(&[&[f32]], &mut [f32]) + Sync) -> Vec<f32> {
+    let len = inputs[0].len();
+    let mut out = vec![0f32; len];
+    let rows = len / width.max(1);
+    let out_ptr = out.as_mut_ptr() as usize;
+    const ROWS: usize = 16;
+    memagent_engine::for_chunks(rows.div_ceil(ROWS), |blocks| {
+        let mut row_inputs: Vec<&[f32]> = Vec::with_capacity(inputs.len());
+        for r in blocks.start * ROWS..(blocks.end * ROWS).min(rows) {
+            row_inputs.clear();
+            row_inputs.extend(inputs.iter().map(|x| &x[r * width..(r + 1) * width]));
+            // SAFETY: each row of `out` is written by the one task that owns it, and
+            // `out` outlives the pool call.
+            let row = unsafe {
+                std::slice::from_raw_parts_mut((out_ptr as *mut f32).add(r * width), width)
+            };
+            f(&row_inputs, row);
+        }
+    });
+    out
+}
+
+impl CustomOp1 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "rms-norm"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = values(storage, layout, "rms-norm")?;
+        let y = map_rows(&[x], self.weight.len(), |x, out| {
+            let inv = self.inverse_rms(x[0]);
+            for ((o, &v), &w) in out.iter_mut().zip(x[0]).zip(&self.weight) {
+                *o = v * inv * w;
+            }
+        });
+        Ok((CpuStorage::F32(y), layout.shape().clone()))
+    }
+
+    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        // y = x · inv · w with inv = (mean x² + eps)^-1/2:
+        // dx = inv · (g ⊙ w) − x · inv³ · mean(g ⊙ w ⊙ x).
+        let n = self.weight.len();
+        let dx = with_values(arg, |x| {
+            with_values(grad, |g| {
+                map_rows(&[x, g], n, |rows, out| {
+                    let (x, g) = (rows[0], rows[1]);
+                    let inv = self.inverse_rms(x);
+                    let dot: f32 = x
+                        .iter()
+                        .zip(g)
+                        .zip(&self.weight)
+                        .map(|((x, g), w)| x * g * w)
+                        .sum();
+                    let c = inv * inv * inv * dot / n as f32;
+                    for (((o, &x), &g), &w) in out.iter_mut().zip(x).zip(g).zip(&self.weight) {
+                        *o = inv * g * w - x * c;
+                    }
+                })
+            })
+        })??;
+        Ok(Some(Tensor::from_vec(dx, arg.shape(), arg.device())?))
+    }
+}
+
+/// `silu(gate) ⊙ up`, the gated MLP's activation.
+pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    if !gate.device().is_cpu() || gate.dtype() != candle_core::DType::F32 {
+        return gate.silu()? * up;
+    }
+    if gate.shape() != up.shape() {
+        candle_core::bail!("swiglu: gate {:?}, up {:?}", gate.shape(), up.shape())
+    }
+    gate.contiguous()?.apply_op2(&up.contiguous()?, SwiGlu)
+}
+
+struct SwiGlu;
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+impl CustomOp2 for SwiGlu {
+    fn name(&self) -> &'static str {
+        "swiglu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        gs: &CpuStorage,
+        gl: &Layout,
+        us: &CpuStorage,
+        ul: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (g, u) = (values(gs, gl, "swiglu")?, values(us, ul, "swiglu")?);
+        let width = gl.dims().last().copied().unwrap_or(1);
+        let y = map_rows(&[g, u], width, |rows, out| {
+            for ((o, &g), &u) in out.iter_mut().zip(rows[0]).zip(rows[1]) {
+                *o = g * sigmoid(g) * u;
+            }
+        });
+        Ok((CpuStorage::F32(y), gl.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        gate: &Tensor,
+        up: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let width = gate.dims().last().copied().unwrap_or(1);
+        let (dg, du) = with_values(gate, |g| {
+            with_values(up, |u| {
+                with_values(grad, |d| {
+                    // d silu(g) = σ(g) (1 + g (1 − σ(g))).
+                    let dg = map_rows(&[g, u, d], width, |rows, out| {
+                        for (((o, &g), &u), &d) in
+                            out.iter_mut().zip(rows[0]).zip(rows[1]).zip(rows[2])
+                        {
+                            let s = sigmoid(g);
+                            *o = d * u * s * (1.0 + g * (1.0 - s));
+                        }
+                    });
+                    let du = map_rows(&[g, d], width, |rows, out| {
+                        for ((o, &g), &d) in out.iter_mut().zip(rows[0]).zip(rows[1]) {
+                            *o = d * g * sigmoid(g);
+                        }
+                    });
+                    (dg, du)
+                })
+            })
+        })???;
+        Ok((
+            Some(Tensor::from_vec(dg, gate.shape(), gate.device())?),
+            Some(Tensor::from_vec(du, up.shape(), up.device())?),
+        ))
+    }
 }
 
 /// Rotary embedding of `x` (b, h, t, d) with tables (t, d/2); adjacent pairs when
@@ -159,13 +386,6 @@ impl CustomOp1 for CausalSoftmax {
     }
 }
 
-/// RMS normalisation from composed (differentiable) ops.
-pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
-    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
-    let inv = (ms + f64::from(eps))?.sqrt()?.recip()?;
-    x.broadcast_mul(&inv)?.broadcast_mul(weight)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,6 +444,43 @@ mod tests {
             },
             (1, 2, 6, 6),
         );
+    }
+
+    /// The fused RMS norm and SwiGLU give the composed ops' values and gradients.
+    #[test]
+    fn fused_row_ops_equal_the_composed_ones_with_their_gradients() {
+        let dev = Device::Cpu;
+        let x = Var::randn(0f32, 1.0, (37, 24), &dev).unwrap();
+        let u = Var::randn(0f32, 1.0, (37, 24), &dev).unwrap();
+        let w = Tensor::randn(0f32, 1.0, 24, &dev).unwrap();
+        let probe = Tensor::randn(0f32, 1.0, (37, 24), &dev).unwrap();
+        let run = |f: &dyn Fn(&Tensor, &Tensor) -> Result<Tensor>| {
+            let y = f(x.as_tensor(), u.as_tensor()).unwrap();
+            let grads = (&y * &probe)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            let v = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let g = |var: &Var| grads.get(var).map_or_else(Vec::new, v);
+            (v(&y), g(&x), g(&u))
+        };
+        let close = |a: &[f32], b: &[f32], what: &str| {
+            assert_eq!(a.len(), b.len(), "{what}");
+            for (p, q) in a.iter().zip(b) {
+                assert!((p - q).abs() < 1e-5 * (1.0 + q.abs()), "{what}: {p} vs {q}");
+            }
+        };
+        let fused = run(&|x, _| rms_norm(x, &w, 1e-5));
+        let composed = run(&|x, _| rms_norm_composed(x, &w, 1e-5));
+        close(&fused.0, &composed.0, "rms-norm");
+        close(&fused.1, &composed.1, "rms-norm dx");
+        let fused = run(&|g, u| swiglu(g, u));
+        let composed = run(&|g, u| g.silu()? * u);
+        close(&fused.0, &composed.0, "swiglu");
+        close(&fused.1, &composed.1, "swiglu dgate");
+        close(&fused.2, &composed.2, "swiglu dup");
     }
 
     #[test]

@@ -99,6 +99,10 @@ pub struct LogLine {
     pub target_tokens: usize,
     pub seconds: f64,
     pub tokens_per_second: f64,
+    /// Useful floating-point operations per second, in billions
+    /// ([`TrainModel::useful_flops`]).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub gflop_per_second: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub eval: Option<EvalScores>,
 }
@@ -351,6 +355,10 @@ impl Run {
         let vars: Vec<Var> = self.vars.iter().map(|(_, v)| v.clone()).collect();
         self.optimizer.update(&vars, &grads, lr)?;
         let tokens: usize = seqs.iter().map(|s| s.ids.len()).sum();
+        let flops: f64 = seqs
+            .iter()
+            .map(|s| self.model.useful_flops(s.ids.len(), s.target_tokens()))
+            .sum();
         let seconds = start.elapsed().as_secs_f64();
         Ok(LogLine {
             step: self.step(),
@@ -361,6 +369,7 @@ impl Run {
             target_tokens,
             seconds,
             tokens_per_second: tokens as f64 / seconds.max(1e-9),
+            gflop_per_second: Some(flops / seconds.max(1e-9) / 1e9),
             eval: None,
         })
     }

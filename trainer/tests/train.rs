@@ -99,7 +99,8 @@ fn lora_gradients_match_finite_differences() {
     let run = Run::open(&dir.join("run"), config(1), model, false).unwrap();
     let seq = Fixed.sequence(Split::Train, 0).unwrap();
     let loss = |run: &Run| f64::from(run.loss(&seq, 1.0).unwrap().to_scalar::<f32>().unwrap());
-    let grads = run.loss(&seq, 1.0).unwrap().backward().unwrap();
+    let grads: std::collections::HashMap<String, Vec<f32>> =
+        gradients(&run, &seq).into_iter().collect();
     let vars = run.vars().to_vec();
     let mut checked = 0;
     for (name, var) in vars
@@ -107,13 +108,7 @@ fn lora_gradients_match_finite_differences() {
         .filter(|(n, _)| n.starts_with("blk.1."))
         .step_by(3)
     {
-        let g: Vec<f32> = grads
-            .get(var)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
+        let g = &grads[name];
         let base: Vec<f32> = var.flatten_all().unwrap().to_vec1().unwrap();
         for i in [0, base.len() / 2] {
             let eps = 1e-3f32;
@@ -136,6 +131,94 @@ fn lora_gradients_match_finite_differences() {
         }
     }
     assert!(checked >= 4);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every adapter gradient of `run`'s loss on `seq`, by name.
+fn gradients(run: &Run, seq: &Sequence) -> Vec<(String, Vec<f32>)> {
+    let grads = run.loss(seq, 1.0).unwrap().backward().unwrap();
+    run.vars()
+        .iter()
+        .map(|(name, var)| {
+            let g = grads
+                .get(var)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            (name.clone(), g)
+        })
+        .collect()
+}
+
+fn assert_close(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)], tolerance: f32) {
+    assert_eq!(a.len(), b.len());
+    for ((name, x), (other, y)) in a.iter().zip(b) {
+        assert_eq!(name, other);
+        let scale = y.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-3);
+        let worst = x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+        assert!(
+            worst <= tolerance * scale,
+            "{name}: differs by {worst}, largest entry {scale}"
+        );
+    }
+}
+
+/// The fused pass (engine GEMM, fused attention, norm and gate) gives the gradients of
+/// the pass composed from candle's own ops, on a sequence longer than one attention
+/// block; adapting only the top block gives that block's gradients unchanged.
+#[test]
+fn the_fused_pass_gives_the_composed_passs_gradients() {
+    let dir = temp("fused");
+    let model_path = tiny(&dir);
+    let model = TrainModel::load(&model_path, LoraConfig::default(), 3).unwrap();
+    // Values for the top block's B only: the blocks below stay the base model, as they
+    // are with `top_layers: 1`.
+    let top_block = format!("blk.{}.", model.config.n_layer - 1);
+    for (name, var) in model.adapters.vars() {
+        if name.ends_with("lora_b") && name.starts_with(&top_block) {
+            var.set(&Tensor::randn(0f32, 0.05, var.shape(), var.device()).unwrap())
+                .unwrap();
+        }
+    }
+    let values: std::collections::HashMap<String, Tensor> = model
+        .adapters
+        .vars()
+        .into_iter()
+        .map(|(n, v)| (n, v.as_tensor().clone()))
+        .collect();
+    let mut run = Run::open(&dir.join("run"), config(1), model, false).unwrap();
+    let ids: Vec<u32> = (0..150).map(|i| (i * 11 + 5) % 250).collect();
+    let seq = Sequence {
+        ids,
+        target_start: 100,
+        weights: vec![1.0; 50],
+    };
+    let fused = gradients(&run, &seq);
+    run.model.reference = true;
+    let composed = gradients(&run, &seq);
+    assert!(fused.iter().any(|(_, g)| g.iter().any(|v| v.abs() > 1e-6)));
+    assert_close(&fused, &composed, 1e-5);
+
+    let top = LoraConfig {
+        top_layers: Some(1),
+        ..LoraConfig::default()
+    };
+    let model = TrainModel::load(&model_path, top, 3).unwrap();
+    for (name, var) in model.adapters.vars() {
+        var.set(&values[&name]).unwrap();
+    }
+    let mut config = config(1);
+    config.lora.top_layers = Some(1);
+    let run = Run::open(&dir.join("top"), config, model, false).unwrap();
+    let top_only = gradients(&run, &seq);
+    assert!(!top_only.is_empty() && top_only.iter().all(|(n, _)| n.starts_with(&top_block)));
+    let same: Vec<_> = fused
+        .into_iter()
+        .filter(|(n, _)| n.starts_with(&top_block))
+        .collect();
+    assert_close(&top_only, &same, 1e-5);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

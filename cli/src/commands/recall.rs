@@ -303,14 +303,7 @@ pub fn bench(global: &GlobalArgs, args: &crate::cli::BenchRecallArgs) -> Result<
     let embedder = load_embedder(global)?
         .context("bench recall times the embedder: do not pass --embedder none")?;
     let haystack = super::bench::haystack(None)?;
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_default();
+    let cpu = memagent_engine::bench::cpu_name();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut report = json!({"cpu": cpu, "threads": threads});
 

@@ -41,22 +41,53 @@ pub fn gemm_t(x: &[f32], rows: usize, w: &[f32], n: usize, k: usize) -> Vec<f32>
         x.len() >= rows * k && w.len() >= n * k,
         "gemm_t: operands too short"
     );
+    // SAFETY: w is (n, k) row-major and long enough (checked above): feature j's
+    // weights start at j·k, one depth step apart.
+    unsafe { split_gemm(x, rows, k, n, w.as_ptr(), |j| j * k, k as isize, 1) }
+}
+
+/// `x` (`rows`, `k`) times `w` (`k`, `n`), as a (`rows`, `n`) row-major vector, split
+/// over the output columns on the engine's thread pool like [`gemm_t`]: the product a
+/// backward pass needs to bring a gradient back through a `x · wᵀ` projection.
+pub fn gemm_n(x: &[f32], rows: usize, w: &[f32], k: usize, n: usize) -> Vec<f32> {
+    assert!(
+        x.len() >= rows * k && w.len() >= n * k,
+        "gemm_n: operands too short"
+    );
+    // SAFETY: w is (k, n) row-major and long enough (checked above): column j starts
+    // at j, one depth step is a row of n.
+    unsafe { split_gemm(x, rows, k, n, w.as_ptr(), |j| j, 1, n as isize) }
+}
+
+/// `x` (rows, k) times the (k, n) right-hand side whose element (d, j) is at
+/// `w + at(j) + d · depth_stride` (`at` linear in j with `column_stride`), each task
+/// computing a block of output columns with a single-threaded GEMM.
+///
+/// # Safety
+/// `w` must be valid for every element so addressed, for d < k and j < n.
+#[allow(clippy::too_many_arguments)]
+unsafe fn split_gemm(
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    n: usize,
+    w: *const f32,
+    at: impl Fn(usize) -> usize + Sync,
+    column_stride: isize,
+    depth_stride: isize,
+) -> Vec<f32> {
     let mut out = vec![0f32; rows * n];
     if rows == 0 || n == 0 {
         return out;
     }
-    let (x_ptr, w_ptr, out_ptr) = (
-        x.as_ptr() as usize,
-        w.as_ptr() as usize,
-        out.as_mut_ptr() as usize,
-    );
+    let (x_ptr, w_ptr, out_ptr) = (x.as_ptr() as usize, w as usize, out.as_mut_ptr() as usize);
     let blocks = feature_blocks(n);
     super::pool::for_chunks(blocks.len(), |tasks| {
         for features in &blocks[tasks] {
-            // SAFETY: x is (rows, k) and w (n, k), contiguous (checked above); each task
-            // writes the output columns of its own features, within the (rows, n)
-            // buffer that outlives the pool call. The arguments are candle's for the
-            // same product (rhs = wᵀ: column stride k).
+            // SAFETY: x is (rows, k), contiguous (the callers check its length); each
+            // task writes the output columns of its own features, within the (rows, n)
+            // buffer that outlives the pool call; the right-hand side is the caller's
+            // promise.
             unsafe {
                 gemm(
                     rows,
@@ -69,9 +100,9 @@ pub fn gemm_t(x: &[f32], rows: usize, w: &[f32], n: usize, k: usize) -> Vec<f32>
                     x_ptr as *const f32,
                     1,
                     k as isize,
-                    (w_ptr as *const f32).add(features.start * k),
-                    k as isize,
-                    1,
+                    (w_ptr as *const f32).add(at(features.start)),
+                    column_stride,
+                    depth_stride,
                     0.0,
                     1.0,
                     false,
@@ -183,6 +214,32 @@ mod tests {
                 );
                 start += len;
             }
+        }
+    }
+
+    /// `gemm_n` is `x · w` for a row-major `w`, whatever the split.
+    #[test]
+    fn gemm_n_multiplies_by_the_untransposed_weight() {
+        let mut next = uniform(3);
+        for (m, k, n) in [(1, 7, 5), (37, 576, 1536), (20, 1536, 576), (64, 960, 576)] {
+            let x: Vec<f32> = (0..m * k).map(|_| next()).collect();
+            let w: Vec<f32> = (0..k * n).map(|_| next()).collect();
+            let got = super::gemm_n(&x, m, &w, k, n);
+            let x = Tensor::from_vec(x, (m, k), &Device::Cpu).unwrap();
+            let w = Tensor::from_vec(w, (k, n), &Device::Cpu).unwrap();
+            let want: Vec<f32> = x
+                .matmul(&w)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs() / (1.0 + b.abs()))
+                .fold(0f32, f32::max);
+            assert!(worst < 1e-5, "({m}, {k}) x ({k}, {n}): {worst}");
         }
     }
 

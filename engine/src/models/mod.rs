@@ -17,7 +17,7 @@ mod qwen2;
 mod rowwise;
 mod transformer;
 
-pub use dense::{gemm_t, matmul_t};
+pub use dense::{gemm_n, gemm_t, matmul_t};
 pub use linear::WeightPlan;
 pub use pool::for_chunks;
 pub use transformer::{rope_tables, KvCache, Transformer};
