@@ -1,7 +1,11 @@
 //! Memory hygiene, whatever the model: a new memory keeps one copy of each line
-//! (numbering and bullets ignored when comparing), and a memory that comes back empty or
-//! as an echo of the instructions is replaced by the previous one. A memory without
-//! repeated lines passes byte for byte, so a good model's output is never altered.
+//! (numbering and bullets ignored when comparing) and none of the degenerate lines a
+//! small model writes — a span of words repeating inside a line ("spouse's spouse's
+//! spouse's"), a chat turn copied with its role ("User: Please remember this: your"), a
+//! line of the instructions — nor the unfinished line a cut at M tokens leaves. A memory
+//! that comes back empty, as an echo of the instructions, or with nothing but degenerate
+//! lines is replaced by the previous one. A well-formed memory passes byte for byte, so a
+//! good model's output is never altered.
 
 use super::protocol::Template;
 
@@ -42,18 +46,112 @@ pub fn dedupe_lines(memory: &str) -> (String, usize) {
 /// Whether every non-blank line of `memory` is a line of the template's own text (the
 /// instructions and the markers around its slots): the model echoed its prompt.
 pub fn is_echo(memory: &str, template: Template) -> bool {
-    let own: std::collections::HashSet<&str> = template
-        .text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.contains('{'))
-        .collect();
+    let own: std::collections::HashSet<&str> = template_lines(template).collect();
     let mut lines = memory
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty())
         .peekable();
     lines.peek().is_some() && lines.all(|l| own.contains(l) || own.contains(line_key(l)))
+}
+
+/// Why a memory line is degenerate, or `None` for a line worth keeping.
+pub fn degenerate(line: &str, template: Template) -> Option<&'static str> {
+    let key = line_key(line);
+    if key.is_empty() {
+        return None;
+    }
+    if repeats_a_span(key) {
+        return Some("repeat a span of words");
+    }
+    if is_chat_turn(key) {
+        return Some("copy a chat turn");
+    }
+    if template_lines(template).any(|l| l == key || line_key(l) == key) {
+        return Some("repeat the instructions");
+    }
+    None
+}
+
+/// The template's own lines: its instructions and the markers around its slots.
+fn template_lines(template: Template) -> impl Iterator<Item = &'static str> {
+    template
+        .text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.contains('{'))
+}
+
+/// Whether a run of 1-6 words comes three times in a row ("spouse's spouse's spouse's",
+/// "is the is the is the"), or a unit of 2-4 characters three times in a row inside a
+/// word ("1.11.1.1.1"), digits alone excepted (1,000,000 is a number).
+fn repeats_a_span(line: &str) -> bool {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    for n in 1..=6 {
+        if words.len() < 3 * n {
+            break;
+        }
+        for start in 0..=words.len() - 3 * n {
+            let span = &words[start..start + n];
+            if (1..3).all(|k| &words[start + k * n..start + (k + 1) * n] == span) {
+                return true;
+            }
+        }
+    }
+    words.iter().any(|w| {
+        let b = w.as_bytes();
+        (2..=4).any(|unit| {
+            b.len() >= 3 * unit
+                && (0..=b.len() - 3 * unit).any(|i| {
+                    let u = &b[i..i + unit];
+                    !u.iter().all(u8::is_ascii_digit)
+                        && (1..3).all(|k| &b[i + k * unit..i + (k + 1) * unit] == u)
+                })
+        })
+    })
+}
+
+/// Whether a line is a chat turn as a log renders it: an optional `[time]`, a role, an
+/// optional `(name)`, a colon ("User: …", "[2026-03-01] assistant (Ada): …").
+fn is_chat_turn(line: &str) -> bool {
+    let mut s = line;
+    if s.starts_with('[') {
+        match s.find("] ") {
+            Some(i) => s = &s[i + 2..],
+            None => return false,
+        }
+    }
+    let Some(colon) = s.find(':') else {
+        return false;
+    };
+    let mut head = s[..colon].trim();
+    if let Some(open) = head.find(" (") {
+        if head.ends_with(')') {
+            head = &head[..open];
+        }
+    }
+    ["user", "assistant", "system", "human", "ai", "bot", "tool"]
+        .iter()
+        .any(|role| head.eq_ignore_ascii_case(role))
+}
+
+/// `memory` without its unfinished last line, for a memory cut at M tokens: up to its
+/// last newline, or for a single line up to its last full sentence; `None` when nothing
+/// finished remains.
+pub fn drop_unfinished(memory: &str) -> Option<String> {
+    if memory.ends_with('\n') {
+        return Some(memory.to_string());
+    }
+    if let Some(i) = memory.rfind('\n') {
+        let kept = &memory[..=i];
+        return (!kept.trim().is_empty()).then(|| kept.to_string());
+    }
+    let end = memory
+        .char_indices()
+        .filter(|&(i, c)| matches!(c, '.' | '!' | '?') && memory[i + 1..].starts_with([' ', '\t']))
+        .map(|(i, _)| i + 1)
+        .next_back()?;
+    Some(memory[..end].to_string())
 }
 
 /// What hygiene did to a step's memory.
@@ -70,16 +168,52 @@ pub fn clean(memory: &str, previous: &str, template: Template) -> (String, Optio
             Some("the reply echoed the instructions: kept the previous memory".to_string()),
         );
     }
-    match dedupe_lines(memory) {
-        (text, 0) => (text, None),
-        (text, n) => (
-            text,
-            Some(format!(
+    let mut notes: Vec<String> = Vec::new();
+    let mut dropped: Vec<(&str, usize)> = Vec::new();
+    let kept: Vec<&str> = memory
+        .split('\n')
+        .filter(|line| match degenerate(line, template) {
+            None => true,
+            Some(why) => {
+                match dropped.iter_mut().find(|(w, _)| *w == why) {
+                    Some((_, n)) => *n += 1,
+                    None => dropped.push((why, 1)),
+                }
+                false
+            }
+        })
+        .collect();
+    let memory = if dropped.is_empty() {
+        memory.to_string()
+    } else {
+        let kept = kept.join("\n");
+        let what = dropped
+            .iter()
+            .map(|(why, n)| format!("{n} line{} that {why}", if *n == 1 { "" } else { "s" }))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if kept.trim().is_empty() {
+            return (
+                previous.to_string(),
+                Some(format!(
+                    "every line was degenerate ({what}): kept the previous memory"
+                )),
+            );
+        }
+        notes.push(format!("dropped {what}"));
+        kept
+    };
+    let memory = match dedupe_lines(&memory) {
+        (text, 0) => text,
+        (text, n) => {
+            notes.push(format!(
                 "dropped {n} repeated line{}",
                 if n == 1 { "" } else { "s" }
-            )),
-        ),
-    }
+            ));
+            text
+        }
+    };
+    (memory, (!notes.is_empty()).then(|| notes.join("; ")))
 }
 
 /// When the line just completed in `text` (it ends with a newline) repeats an earlier
@@ -137,6 +271,72 @@ mod tests {
         assert!(note.unwrap().contains("echoed"));
         // A real fact among template lines is not an echo.
         assert!(!is_echo("Updated memory:\nThe code is 42.", UPDATE));
+    }
+
+    #[test]
+    fn degenerate_lines_are_dropped_and_named() {
+        let memory = "1. Ingrid's birthday is on March 14.\n\
+2. The person who is the main character's spouse's spouse's spouse's spouse's\n\
+3. User: Please remember this: your\n\
+4. [2026-03-01 09:00] assistant (Ada): Sure, noted.\n\
+5. The code is 1.11.1.1.1\n\
+6. Updated memory:\n\
+7. The budget is 1,000,000 euros.";
+        let (text, note) = clean(memory, "old", UPDATE);
+        assert_eq!(
+            text,
+            "1. Ingrid's birthday is on March 14.\n7. The budget is 1,000,000 euros."
+        );
+        let note = note.unwrap();
+        assert!(
+            note.contains("2 lines that repeat a span of words")
+                && note.contains("2 lines that copy a chat turn")
+                && note.contains("1 line that repeat the instructions"),
+            "{note}"
+        );
+    }
+
+    #[test]
+    fn a_reply_of_degenerate_lines_keeps_the_previous_memory() {
+        let (text, note) = clean(
+            "The person's spouse's spouse's spouse's spouse\nUser: hi",
+            "Ada lives in Porto.",
+            GENERAL_UPDATE,
+        );
+        assert_eq!(text, "Ada lives in Porto.");
+        assert!(note.unwrap().contains("kept the previous memory"));
+    }
+
+    #[test]
+    fn ordinary_lines_are_not_degenerate() {
+        for line in [
+            "The user's sister Ingrid lives in Porto.",
+            "Meeting notes: the budget was approved.",
+            "Bo's user name is bo_42; the password is pinecone42.",
+            "Ada said \"no, no\" to the offer.",
+            "The phone number is 555-1111-2222.",
+            "Wait... then it rained.",
+            "Version 1.1.2 ships on Monday.",
+        ] {
+            assert_eq!(degenerate(line, GENERAL_UPDATE), None, "{line}");
+        }
+    }
+
+    #[test]
+    fn a_cut_memory_loses_its_unfinished_line() {
+        assert_eq!(
+            drop_unfinished(
+                "1. Ada lives in Porto.\n2. Bo's code is 42.\n3. User: Please remember this: your"
+            )
+            .as_deref(),
+            Some("1. Ada lives in Porto.\n2. Bo's code is 42.\n")
+        );
+        assert_eq!(
+            drop_unfinished("Ada lives in Porto. Bo's birthday is on the 14th of Ma").as_deref(),
+            Some("Ada lives in Porto.")
+        );
+        assert_eq!(drop_unfinished("Ada lives in Por"), None);
+        assert_eq!(drop_unfinished("a\n").as_deref(), Some("a\n"));
     }
 
     #[test]

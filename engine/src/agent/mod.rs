@@ -366,13 +366,33 @@ impl<'a> MemoryAgent<'a> {
         reply: Completion,
         seconds: f64,
     ) -> Result<StepReport> {
-        let (mut memory, repaired) = hygiene::clean(memory_text(&reply.text), memory, template);
+        let previous = memory;
+        let (mut memory, mut repaired) = hygiene::clean(memory_text(&reply.text), memory, template);
         let mut ids = self.tokenizer.encode(&memory)?;
         let mut cut = reply.stop_reason == StopReason::MaxTokens;
         if ids.len() > self.profile.memory_tokens {
             ids.truncate(self.profile.memory_tokens);
             memory = self.tokenizer.decode(&ids)?;
             cut = true;
+        }
+        if cut && memory != previous {
+            // The last line stopped at M tokens, often mid-word: it goes.
+            let (kept, note) = match hygiene::drop_unfinished(&memory) {
+                Some(kept) if kept == memory => (kept, None),
+                Some(kept) => (kept, Some("dropped the line cut at M tokens")),
+                None => (
+                    previous.to_string(),
+                    Some("nothing finished before the cut at M tokens: kept the previous memory"),
+                ),
+            };
+            if let Some(note) = note {
+                repaired = Some(match repaired {
+                    Some(r) => format!("{r}; {note}"),
+                    None => note.to_string(),
+                });
+                memory = kept;
+                ids = self.tokenizer.encode(&memory)?;
+            }
         }
         Ok(StepReport {
             index: 0,

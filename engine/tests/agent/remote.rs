@@ -342,10 +342,14 @@ fn a_llama_cpp_server_tells_the_model_size_and_its_context() {
     assert_eq!(backend.options().context_length, Some(6144));
 }
 
+/// A reply longer than M tokens is cut at M, and the line the cut left unfinished goes.
 #[test]
-fn memory_is_cut_to_the_cap_at_a_token_boundary() {
-    let long = "word ".repeat(200);
-    let server = Loopback::start(Box::new(move |_, _| (200, chat_reply(&long))));
+fn memory_is_cut_to_the_cap_and_loses_its_unfinished_line() {
+    let long: String = (1..=40)
+        .map(|i| format!("{i}. Fact {i} is about the harbour.\n"))
+        .collect();
+    let reply = long.clone();
+    let server = Loopback::start(Box::new(move |_, _| (200, chat_reply(&reply))));
     let backend = server.backend();
     let tokenizer = tokenizer();
     let profile = Profile {
@@ -357,14 +361,22 @@ fn memory_is_cut_to_the_cap_at_a_token_boundary() {
     let chunk = &chunk_text(&tokenizer, "A short chunk.", 64).unwrap()[0];
     let step = agent.update("Anything?", NO_MEMORY, chunk).unwrap();
     assert!(step.cut);
-    assert_eq!(step.memory_tokens, 20);
+    let cut_at_m = TextTokenizer::decode(
+        &tokenizer,
+        &TextTokenizer::encode(&tokenizer, &long).unwrap()[..20],
+    )
+    .unwrap();
+    assert!(!cut_at_m.ends_with('\n'), "{cut_at_m:?}");
+    let kept = &cut_at_m[..=cut_at_m.rfind('\n').unwrap()];
+    assert_eq!(step.memory, kept);
     assert_eq!(
         TextTokenizer::encode(&tokenizer, &step.memory)
             .unwrap()
             .len(),
-        20
+        step.memory_tokens
     );
-    assert!("word ".repeat(200).starts_with(&step.memory));
+    assert!(step.memory_tokens < 20);
+    assert!(step.repaired.unwrap().contains("cut at M"));
 }
 
 /// Server-sent chat-completion events of `pieces` (one content event each), then the
