@@ -244,6 +244,11 @@ pub struct TrainDataOptions {
     /// steps: facts said once, changed later, never said, and lists of values
     #[arg(long, default_value_t = 0.0, value_parser = share)]
     pub evidence_share: f64,
+    /// How general-mode update steps write the memory: `rewrite` (the whole memory) or
+    /// `lines` (only the chunk's new facts, or NONE; what `memctl ingest --writer lines`
+    /// asks the model)
+    #[arg(long, default_value = "rewrite", value_name = "WRITER")]
+    pub writer: memagent_engine::agent::Writer,
     /// Loss weight of the lines an update step adds to its memory (new facts, changed
     /// values) and of its reply's end; lines copied from the memory weigh 1
     #[arg(long, default_value_t = 3.0)]
@@ -744,6 +749,14 @@ pub struct ProfileArgs {
     /// ("Therefore, the answer is ...")
     #[arg(long, default_value = "boxed", value_name = "FORM")]
     pub final_template: memagent_engine::agent::FinalForm,
+
+    /// How the general memory is written after each chunk: `rewrite` (the model rewrites
+    /// the whole memory, the MemAgent protocol) or `lines` (the model writes only the
+    /// chunk's new facts; they are merged in by code, duplicates skipped, a newer line
+    /// about the same thing replacing the older, and the model rewrites only to compact
+    /// past M) [default: `writer` under [profile] in the config file, then rewrite]
+    #[arg(long, value_name = "WRITER")]
+    pub writer: Option<memagent_engine::agent::Writer>,
 }
 
 /// Named loop profiles.

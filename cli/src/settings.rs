@@ -69,6 +69,8 @@ pub struct ProfileConfig {
     pub chunk_tokens: Option<usize>,
     pub memory_tokens: Option<usize>,
     pub answer_tokens: Option<usize>,
+    /// How the general memory is written: `rewrite` or `lines`.
+    pub writer: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -3,7 +3,10 @@
 
 use std::time::Instant;
 
-use memagent_engine::agent::{AnswerReport, Chunk, MemoryAgent, Template, NO_MEMORY, UPDATE};
+use memagent_engine::agent::{
+    AnswerReport, Chunk, MemoryAgent, Template, Writer, GENERAL_LINES, NO_MEMORY, UPDATE,
+};
+use memagent_recall::Embedder;
 use sha2::{Digest, Sha256};
 
 use crate::records::{Author, ChunkRecord, Cursor, MemoryVersion, StreamRecord, GENERAL};
@@ -44,6 +47,8 @@ pub struct Ingestor<'a> {
     agent: &'a MemoryAgent<'a>,
     model: String,
     model_sha256: String,
+    writer: Writer,
+    embedder: Option<&'a Embedder>,
 }
 
 impl<'a> Ingestor<'a> {
@@ -58,7 +63,17 @@ impl<'a> Ingestor<'a> {
             agent,
             model: model.into(),
             model_sha256: model_sha256.into(),
+            writer: Writer::default(),
+            embedder: None,
         }
+    }
+
+    /// Writes the general memory with `writer`; the line writer compares lines with
+    /// `embedder`'s sentence vectors when given (words alone otherwise).
+    pub fn with_writer(mut self, writer: Writer, embedder: Option<&'a Embedder>) -> Self {
+        self.writer = writer;
+        self.embedder = embedder;
+        self
     }
 
     /// The next chunk after `cursor`: up to C tokens of the log, cut where the decoded
@@ -205,7 +220,26 @@ impl<'a> Ingestor<'a> {
             .zip(&chunks)
             .map(|((_, r), chunk)| ("", r.previous.as_str(), chunk))
             .collect();
-        let reports = match self.agent.update_many(GENERAL_UPDATE, &inputs) {
+        let embed = |texts: &[&str]| -> memagent_engine::Result<Vec<Vec<f32>>> {
+            let embedder = self.embedder.expect("called only with an embedder");
+            embedder
+                .embed(texts)
+                .map_err(|e| memagent_engine::Error::InvalidRequest(format!("embedder: {e}")))
+        };
+        let (template, result) = match self.writer {
+            Writer::Rewrite => (
+                GENERAL_UPDATE,
+                self.agent.update_many(GENERAL_UPDATE, &inputs),
+            ),
+            Writer::Lines => {
+                let steps: Vec<(&str, &Chunk)> = inputs.iter().map(|(_, m, c)| (*m, *c)).collect();
+                let embed = self
+                    .embedder
+                    .map(|_| &embed as memagent_engine::agent::lines::Embed<'_>);
+                (GENERAL_LINES, self.agent.update_lines_many(&steps, embed))
+            }
+        };
+        let reports = match result {
             Ok(reports) => reports,
             Err(e) => {
                 let message = e.to_string();
@@ -222,7 +256,10 @@ impl<'a> Ingestor<'a> {
             } else {
                 report.seconds
             };
-            let version = self.model_version(&r.cursor, &r.chunk, &report, GENERAL_UPDATE, seconds);
+            if let Some(repaired) = &report.repaired {
+                tracing::info!("{} chunk {}: {repaired}", r.stream.name, r.chunk.index);
+            }
+            let version = self.model_version(&r.cursor, &r.chunk, &report, template, seconds);
             let next = Cursor {
                 next_chunk: r.chunk.index + 1,
                 offset: r.chunk.end,

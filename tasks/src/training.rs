@@ -19,7 +19,8 @@
 use std::collections::BTreeSet;
 
 use memagent_engine::agent::{
-    Template, TextTokenizer, FINAL_BOXED, GENERAL_ANSWER, GENERAL_UPDATE, NO_MEMORY, UPDATE,
+    Template, TextTokenizer, Writer, FINAL_BOXED, GENERAL_ANSWER, GENERAL_LINES, GENERAL_UPDATE,
+    NO_MEMORY, UPDATE,
 };
 use rand::rngs::StdRng;
 use rand::seq::{IndexedRandom, SliceRandom};
@@ -71,6 +72,14 @@ pub struct DataConfig {
     /// evidence prompt of `memctl query`) in place of a trajectory's conversation.
     #[serde(default)]
     pub evidence_share: f64,
+    /// How general-mode update steps write the memory: the whole memory rewritten, or
+    /// only the chunk's new facts as lines (`memctl ingest --writer lines`).
+    #[serde(default, skip_serializing_if = "is_rewrite")]
+    pub writer: Writer,
+}
+
+fn is_rewrite(w: &Writer) -> bool {
+    *w == Writer::Rewrite
 }
 
 impl Default for DataConfig {
@@ -82,9 +91,13 @@ impl Default for DataConfig {
             memory_tokens: 256,
             general_share: 0.35,
             evidence_share: 0.0,
+            writer: Writer::Rewrite,
         }
     }
 }
+
+/// The oracle general memory before any fact.
+const NO_FACTS: &str = "No facts yet.";
 
 /// The fillers a split draws from.
 pub struct Fillers {
@@ -187,9 +200,13 @@ pub struct Example {
 
 impl Trajectory {
     /// The conversations of this trajectory: every update step, then the final answer.
-    pub fn examples(&self) -> Vec<Example> {
+    /// With the line writer, a general-mode update's target is only the lines the step
+    /// adds or changes (NONE when it adds none), as the merge expects them.
+    pub fn examples(&self, writer: Writer) -> Vec<Example> {
+        let lines = self.mode == Mode::General && writer == Writer::Lines;
         let (update, answer) = match self.mode {
             Mode::Question => (UPDATE, FINAL_BOXED),
+            Mode::General if lines => (GENERAL_LINES, GENERAL_ANSWER),
             Mode::General => (GENERAL_UPDATE, GENERAL_ANSWER),
         };
         let question = match self.mode {
@@ -205,7 +222,22 @@ impl Trajectory {
                 kind: "update",
                 template: update,
                 message: update.fill(question, &s.memory_before, &s.chunk),
-                target: s.memory_after.clone(),
+                target: if lines {
+                    let before: Vec<&str> = s.memory_before.lines().collect();
+                    let new: Vec<&str> = s
+                        .memory_after
+                        .lines()
+                        .filter(|l| !l.trim().is_empty() && !before.contains(l))
+                        .filter(|l| *l != NO_FACTS)
+                        .collect();
+                    if new.is_empty() {
+                        "NONE".to_string()
+                    } else {
+                        new.join("\n")
+                    }
+                } else {
+                    s.memory_after.clone()
+                },
                 memory_before: Some(s.memory_before.clone()),
                 values: Vec::new(),
                 stale: Vec::new(),
@@ -241,7 +273,7 @@ pub fn example(
         return Ok(evidence::evidence_example(Patterns::of(split), &mut rng));
     }
     let t = trajectory(tokenizer, fillers, config, split, index)?;
-    let mut examples = t.examples();
+    let mut examples = t.examples(config.writer);
     // Finals are one conversation of n + 1; draw them a little more often than that.
     let pick = if rng.random_bool(0.2) {
         examples.len() - 1
@@ -1557,7 +1589,7 @@ fn general(
             }
         }
         let after = if memory.is_empty() {
-            "No facts yet.".to_string()
+            NO_FACTS.to_string()
         } else {
             memory
                 .iter()

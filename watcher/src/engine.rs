@@ -169,15 +169,13 @@ impl EngineHandle {
 pub fn serve(
     agent: &MemoryAgent<'_>,
     store: &Store,
-    model: &str,
-    model_sha256: &str,
+    ingestor: &Ingestor<'_>,
     requests: mpsc::Receiver<Request>,
 ) {
-    let ingestor = Ingestor::new(store, agent, model, model_sha256);
     for request in requests {
         match request {
             Request::Steps { streams, reply } => {
-                let _ = reply.send(Ok(steps(&ingestor, store, &streams, agent)));
+                let _ = reply.send(Ok(steps(ingestor, store, &streams, agent)));
             }
             Request::Answer {
                 memory,

@@ -116,10 +116,14 @@ pub fn run(global: &GlobalArgs, args: &DaemonRunArgs) -> Result<()> {
                 let served = (|| -> Result<()> {
                     let backend = ModelBackend::open(&global, &run.backend)?;
                     let (model, sha) = backend.identity()?;
+                    let writer = backend.writer(&run.profile)?;
+                    let embedder = backend.writer_embedder(&global, &run.profile)?;
                     backend.with_agent(&run, |agent| {
                         agent.budget("")?;
                         let _ = ready_tx.send(Ok((model.clone(), agent.profile)));
-                        memagent_watcher::serve_engine(agent, &store, &model, &sha, requests);
+                        let ingestor = memagent_store::Ingestor::new(&store, agent, &model, &sha)
+                            .with_writer(writer, embedder.as_deref());
+                        memagent_watcher::serve_engine(agent, &store, &ingestor, requests);
                         Ok(())
                     })
                 })();

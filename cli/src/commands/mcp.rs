@@ -188,9 +188,16 @@ impl Shared {
         let appended = store.append_with(&p.stream, text.as_bytes(), None, false)?;
         let guard = self.model()?;
         let backend = guard.as_ref().expect("loaded above");
-        let steps = read_pending(&store, backend, &self.run, &p.stream, |step| {
-            tracing::info!("{step}");
-        })?;
+        let steps = read_pending(
+            &self.global,
+            &store,
+            backend,
+            &self.run,
+            &p.stream,
+            |step| {
+                tracing::info!("{step}");
+            },
+        )?;
         let version = steps.last().map(|s| s.version.version);
         let said = format!(
             "appended {} bytes to `{}`; read {} chunk(s) into memory{}",

@@ -256,6 +256,32 @@ impl ModelBackend {
         })
     }
 
+    /// How the general memory is written: --writer, else the config file's, else
+    /// rewrite.
+    pub fn writer(&self, overrides: &ProfileArgs) -> Result<memagent_engine::agent::Writer> {
+        if let Some(w) = overrides.writer {
+            return Ok(w);
+        }
+        match &self.profile.writer {
+            Some(name) => name
+                .parse()
+                .with_context(|| "`writer` under [profile] in the configuration file".to_string()),
+            None => Ok(memagent_engine::agent::Writer::default()),
+        }
+    }
+
+    /// The embedder the line writer compares lines with, when it writes the memory.
+    pub fn writer_embedder(
+        &self,
+        global: &GlobalArgs,
+        overrides: &ProfileArgs,
+    ) -> Result<Option<std::sync::Arc<memagent_store::Embedder>>> {
+        match self.writer(overrides)? {
+            memagent_engine::agent::Writer::Lines => recall::load_embedder(global),
+            memagent_engine::agent::Writer::Rewrite => Ok(None),
+        }
+    }
+
     /// Runs `f` with a memory agent over this backend.
     pub fn with_agent<R>(
         &self,

@@ -55,7 +55,7 @@ pub fn run(global: &GlobalArgs, args: &BenchSessionsArgs) -> Result<()> {
             parsed.turns,
         )?;
         if !args.no_memory {
-            read_pending(&store, &backend, &args.run, "chat", |step| {
+            read_pending(global, &store, &backend, &args.run, "chat", |step| {
                 tracing::info!("seed {seed}: {step}")
             })?;
         }

@@ -114,7 +114,7 @@ pub fn ingest(global: &GlobalArgs, args: &IngestArgs) -> Result<()> {
         if let Some(bar) = &bar {
             bar.set_length(stream.log_len - start);
         }
-        steps = read_pending(&store, &backend, &args.run, &args.stream, |step| {
+        steps = read_pending(global, &store, &backend, &args.run, &args.stream, |step| {
             if let Some(bar) = &bar {
                 bar.set_position(step.chunk.end - start);
                 bar.set_message(format!("memory v{}", step.version.version));
@@ -157,6 +157,7 @@ pub fn ingest(global: &GlobalArgs, args: &IngestArgs) -> Result<()> {
 /// Reads every pending chunk of `stream` into its general memory, each step committed
 /// on its own; `on_step` sees each as it is committed.
 pub fn read_pending(
+    global: &GlobalArgs,
     store: &Store,
     backend: &ModelBackend,
     run: &LoopArgs,
@@ -164,8 +165,11 @@ pub fn read_pending(
     mut on_step: impl FnMut(&StepOutcome),
 ) -> Result<Vec<StepOutcome>> {
     let (model, sha) = backend.identity()?;
+    let writer = backend.writer(&run.profile)?;
+    let embedder = backend.writer_embedder(global, &run.profile)?;
     backend.with_agent(run, |agent| {
-        let ingestor = Ingestor::new(store, agent, model, sha);
+        let ingestor =
+            Ingestor::new(store, agent, model, sha).with_writer(writer, embedder.as_deref());
         let mut steps = Vec::new();
         while let Some(step) = ingestor.step(stream)? {
             on_step(&step);

@@ -31,6 +31,7 @@ fn data_config(o: &TrainDataOptions) -> DataConfig {
         memory_tokens: o.memory_tokens,
         general_share: o.general_share,
         evidence_share: o.evidence_share,
+        writer: o.writer,
     }
 }
 

@@ -115,11 +115,14 @@ fn repeats_a_span(line: &str) -> bool {
 /// optional `(name)`, a colon ("User: …", "[2026-03-01] assistant (Ada): …").
 fn is_chat_turn(line: &str) -> bool {
     let mut s = line;
-    if s.starts_with('[') {
-        match s.find("] ") {
-            Some(i) => s = &s[i + 2..],
-            None => return false,
-        }
+    // A time in brackets, whole or with its start cut off ("23] user: …").
+    if let Some(i) = s
+        .find("] ")
+        .filter(|&i| i <= 32 && !s[..i].contains(':') || s.starts_with('['))
+    {
+        s = &s[i + 2..];
+    } else if s.starts_with('[') {
+        return false;
     }
     let Some(colon) = s.find(':') else {
         return false;
@@ -279,6 +282,7 @@ mod tests {
 2. The person who is the main character's spouse's spouse's spouse's spouse's\n\
 3. User: Please remember this: your\n\
 4. [2026-03-01 09:00] assistant (Ada): Sure, noted.\n\
+4. 23] user (Marisol): The ferry ran late earlier on.\n\
 5. The code is 1.11.1.1.1\n\
 6. Updated memory:\n\
 7. The budget is 1,000,000 euros.";
@@ -290,7 +294,7 @@ mod tests {
         let note = note.unwrap();
         assert!(
             note.contains("2 lines that repeat a span of words")
-                && note.contains("2 lines that copy a chat turn")
+                && note.contains("3 lines that copy a chat turn")
                 && note.contains("1 line that repeat the instructions"),
             "{note}"
         );

@@ -8,6 +8,7 @@
 
 mod backend;
 pub mod hygiene;
+pub mod lines;
 mod protocol;
 mod remote;
 
@@ -22,7 +23,8 @@ use crate::sampling::SamplingParams;
 pub use backend::{Backend, Completion, TextTokenizer, Timings};
 pub use protocol::{
     extract_answer, memory_text, FinalForm, Template, DIRECT_BOXED, DIRECT_EVAL, EVIDENCE_ANSWER,
-    FINAL_BOXED, FINAL_EVAL, GENERAL_ANSWER, GENERAL_UPDATE, NO_MEMORY, UPDATE,
+    FINAL_BOXED, FINAL_EVAL, GENERAL_ANSWER, GENERAL_COMPACT, GENERAL_LINES, GENERAL_UPDATE,
+    NO_MEMORY, UPDATE,
 };
 pub use remote::{OpenAiBackend, RemoteOptions, RemoteTokenizer};
 
@@ -33,6 +35,34 @@ pub const CHAT_WRAPPING_ALLOWANCE: usize = 64;
 /// Tokens kept free in every budget: text around a chunk may merge differently with its
 /// neighbours than the chunk alone.
 pub const BUDGET_SLACK: usize = 8;
+
+/// Most tokens the line writer generates per chunk: its new facts only.
+pub const LINES_TOKENS: usize = 160;
+
+/// How the general memory is written after each chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Writer {
+    /// The model rewrites the whole memory (the MemAgent protocol).
+    #[default]
+    Rewrite,
+    /// The model writes the chunk's new facts as lines; code merges them
+    /// ([`lines::merge`]) and the model rewrites only to compact past M.
+    Lines,
+}
+
+impl std::str::FromStr for Writer {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "rewrite" => Ok(Self::Rewrite),
+            "lines" => Ok(Self::Lines),
+            other => Err(Error::InvalidRequest(format!(
+                "unknown memory writer `{other}`; use rewrite or lines"
+            ))),
+        }
+    }
+}
 
 /// Chunk size C, memory cap M and answer cap of the loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -355,6 +385,81 @@ impl<'a> MemoryAgent<'a> {
                 self.finish_update(template, memory, chunk, reply, seconds)
             })
             .collect()
+    }
+
+    /// Line-writer steps of several independent general memories, `(memory, chunk)`
+    /// each: the model writes each chunk's new facts (decoded as one batch), code merges
+    /// them ([`lines::merge`], comparing lines with `embed` when given), and a memory that
+    /// passes M is compacted by the model, then cut at M if it still passes.
+    pub fn update_lines_many(
+        &self,
+        steps: &[(&str, &Chunk)],
+        embed: Option<lines::Embed<'_>>,
+    ) -> Result<Vec<StepReport>> {
+        let messages: Vec<String> = steps
+            .iter()
+            .map(|(memory, chunk)| GENERAL_LINES.fill("", memory, &chunk.text))
+            .collect();
+        let budget = self.profile.memory_tokens.clamp(1, LINES_TOKENS);
+        let replies = self
+            .backend
+            .complete_batch(&messages, &self.options(budget))?;
+        let mut reports = Vec::with_capacity(steps.len());
+        for ((memory, chunk), reply) in steps.iter().zip(replies) {
+            let (facts, dropped) = lines::new_lines(memory_text(&reply.text), GENERAL_LINES);
+            let (merged, mut merge) = lines::merge(memory, &facts, embed)?;
+            merge.dropped = dropped;
+            let mut notes: Vec<String> = merge.note().into_iter().collect();
+            let mut report = StepReport {
+                index: 0,
+                chunk_tokens: chunk.tokens,
+                prompt_tokens: reply.prompt_tokens,
+                completion_tokens: reply.completion_tokens,
+                memory_tokens: 0,
+                cut: false,
+                stop_reason: reply.stop_reason,
+                seconds: reply.seconds,
+                memory: merged,
+                repaired: None,
+                decoding: reply.decoding,
+                timings: reply.timings,
+            };
+            let mut ids = self.tokenizer.encode(&report.memory)?;
+            if ids.len() > self.profile.memory_tokens {
+                let merged = std::mem::take(&mut report.memory);
+                let compact = self.backend.complete(
+                    &GENERAL_COMPACT.fill("", &merged, ""),
+                    &self.options(self.profile.memory_tokens),
+                )?;
+                report.prompt_tokens += compact.prompt_tokens;
+                report.completion_tokens += compact.completion_tokens;
+                report.seconds += compact.seconds;
+                let (text, repaired) =
+                    hygiene::clean(memory_text(&compact.text), &merged, GENERAL_COMPACT);
+                notes.push(format!(
+                    "compacted {} tokens{}",
+                    ids.len(),
+                    repaired.map_or(String::new(), |r| format!(" ({r})"))
+                ));
+                report.memory = text;
+                ids = self.tokenizer.encode(&report.memory)?;
+                if ids.len() > self.profile.memory_tokens {
+                    ids.truncate(self.profile.memory_tokens);
+                    let cut = self.tokenizer.decode(&ids)?;
+                    report.cut = true;
+                    report.memory = match hygiene::drop_unfinished(&cut) {
+                        Some(kept) => kept,
+                        None => memory.to_string(),
+                    };
+                    notes.push("cut at M tokens".to_string());
+                    ids = self.tokenizer.encode(&report.memory)?;
+                }
+            }
+            report.memory_tokens = ids.len();
+            report.repaired = (!notes.is_empty()).then(|| notes.join("; "));
+            reports.push(report);
+        }
+        Ok(reports)
     }
 
     /// A step's report from the model's reply: memory hygiene, then the cut to M tokens.

@@ -21,6 +21,22 @@ pub const GENERAL_UPDATE: Template = Template {
     text: include_str!("templates/general-update.txt"),
 };
 
+/// The line writer's step: only the new facts of a chunk, one per line, which code
+/// merges into the general memory (`lines::merge`).
+pub const GENERAL_LINES: Template = Template {
+    id: "memagent-general-lines",
+    version: 1,
+    text: include_str!("templates/general-lines.txt"),
+};
+
+/// The line writer's compaction: the whole memory rewritten shorter, when merged lines
+/// pass the cap M.
+pub const GENERAL_COMPACT: Template = Template {
+    id: "memagent-general-compact",
+    version: 1,
+    text: include_str!("templates/general-compact.txt"),
+};
+
 /// The general memory's answer step.
 pub const GENERAL_ANSWER: Template = Template {
     id: "memagent-general-answer",

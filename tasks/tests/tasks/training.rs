@@ -2,6 +2,7 @@
 //! within the cap, planted relevant facts kept from their chunk on, distractors never in
 //! memory, and validation patterns absent from the training split.
 
+use memagent_engine::agent::Writer;
 use memagent_engine::{GgufFile, Tokenizer};
 use memagent_tasks::training::{
     example, patterns, trajectory, DataConfig, Fillers, Mode, Split, EVIDENCE_FAMILIES,
@@ -98,9 +99,28 @@ fn trajectories_keep_planted_facts_and_never_distractors() {
                     assert!(!l.contains(" my ") && !l.contains(" I "), "{l}");
                 }
             }
-            let e = t.examples();
+            let e = t.examples(Writer::Rewrite);
             assert_eq!(e.len(), t.steps.len() + 1);
             assert!(e.last().unwrap().target.contains(&t.expected[0]) || t.mode == Mode::General);
+            // The line writer learns only what each step adds: the lines of the memory
+            // after it that were not there before, or NONE.
+            if t.mode == Mode::General {
+                for (step, ex) in t.steps.iter().zip(t.examples(Writer::Lines)) {
+                    assert_eq!(ex.template.id, "memagent-general-lines");
+                    let before: Vec<&str> = step.memory_before.lines().collect();
+                    let added: Vec<&str> = step
+                        .memory_after
+                        .lines()
+                        .filter(|l| !before.contains(l) && *l != "No facts yet.")
+                        .collect();
+                    if added.is_empty() {
+                        assert_eq!(ex.target, "NONE");
+                    } else {
+                        assert_eq!(ex.target.lines().collect::<Vec<_>>(), added);
+                        assert!(step.relevant.len() >= added.len());
+                    }
+                }
+            }
         }
     }
     for f in QUESTION_FAMILIES {
