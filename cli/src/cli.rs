@@ -287,6 +287,10 @@ pub struct TrainRunArgs {
     /// Optimizer updates
     #[arg(long, default_value_t = 300)]
     pub steps: u64,
+    /// Stop after this update (checkpoint and adapter written) and leave the rest for
+    /// --resume: stages of one run with the whole --steps schedule
+    #[arg(long, value_name = "UPDATE")]
+    pub until: Option<u64>,
     /// Examples per update (gradients accumulated; the loss is averaged over tokens)
     #[arg(long, default_value_t = 4)]
     pub batch: usize,

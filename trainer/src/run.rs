@@ -135,6 +135,9 @@ pub enum Event<'a> {
 pub struct Run {
     pub dir: PathBuf,
     pub config: TrainConfig,
+    /// Stop (with a checkpoint) after this update, short of `config.steps`: a run
+    /// trained in stages keeps its whole schedule.
+    pub until: Option<u64>,
     pub model: TrainModel,
     vars: Vec<(String, Var)>,
     optimizer: AdamW,
@@ -201,6 +204,7 @@ impl Run {
         Ok(Self {
             dir: dir.to_path_buf(),
             config,
+            until: None,
             model,
             vars,
             optimizer,
@@ -253,7 +257,8 @@ impl Run {
             .append(true)
             .open(self.dir.join(LOG))
             .map_err(io(&self.dir.join(LOG)))?;
-        while self.step() < self.config.steps {
+        let last = self.until.unwrap_or(u64::MAX).min(self.config.steps);
+        while self.step() < last {
             if stop.load(Ordering::SeqCst) {
                 break;
             }

@@ -71,6 +71,29 @@ fn params(run: &Run) -> Vec<f32> {
         .collect()
 }
 
+/// A run trained in stages (`until`, then resumed) ends with the parameters of one
+/// trained straight through, on the same schedule.
+#[test]
+fn a_run_in_stages_equals_one_run() {
+    let dir = temp("stages");
+    let model_path = tiny(&dir);
+    let stop = AtomicBool::new(false);
+    let load = || TrainModel::load(&model_path, LoraConfig::default(), 1).unwrap();
+    let mut straight = Run::open(&dir.join("straight"), config(5), load(), false).unwrap();
+    straight.train(&Fixed, &stop, &mut |_| {}).unwrap();
+    let mut staged = Run::open(&dir.join("staged"), config(5), load(), false).unwrap();
+    staged.until = Some(2);
+    staged.train(&Fixed, &stop, &mut |_| {}).unwrap();
+    assert_eq!(staged.step(), 2);
+    drop(staged);
+    let mut resumed = Run::open(&dir.join("staged"), config(5), load(), true).unwrap();
+    assert_eq!(resumed.step(), 2);
+    resumed.train(&Fixed, &stop, &mut |_| {}).unwrap();
+    assert_eq!(resumed.step(), 5);
+    assert_eq!(params(&resumed), params(&straight));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn loss_falls_on_a_fixed_batch() {
     let dir = temp("falls");

@@ -138,6 +138,7 @@ fn train(global: &GlobalArgs, args: &TrainArgs) -> Result<()> {
     let base_sha256 = sha256_file(&model_path)?;
     let model = TrainModel::load(&model_path, config.lora.clone(), config.init_seed)?;
     let mut run = Run::open(&a.out, config, model, a.resume)?;
+    run.until = a.until;
 
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
