@@ -64,6 +64,9 @@ pub fn degenerate(line: &str, template: Template) -> Option<&'static str> {
     if repeats_a_span(key) {
         return Some("repeat a span of words");
     }
+    if says_nothing(key) {
+        return Some("state nothing");
+    }
     if is_chat_turn(key) {
         return Some("copy a chat turn");
     }
@@ -109,6 +112,30 @@ fn repeats_a_span(line: &str) -> bool {
                 })
         })
     })
+}
+
+/// Whether a line only restates its subject: "The user's neighbour is the user's
+/// neighbour.", "The user's neighbour is the user's neighbour's neighbour.", or chains a
+/// possessive onto the same word ("the neighbour's neighbour's").
+fn says_nothing(line: &str) -> bool {
+    let lower = line.trim_end_matches(['.', '!', ' ']).to_lowercase();
+    let words: Vec<&str> = lower.split_whitespace().collect();
+    let chained = words
+        .windows(2)
+        .any(|w| w[0] == w[1] && (w[0].ends_with("'s") || w[0].ends_with("’s")));
+    let strip = |s: &str| {
+        let s = s.trim();
+        ["the ", "a ", "an "]
+            .iter()
+            .find_map(|a| s.strip_prefix(a))
+            .unwrap_or(s)
+            .to_string()
+    };
+    let restated = lower.split_once(" is ").is_some_and(|(subject, rest)| {
+        let (subject, rest) = (strip(subject), strip(rest));
+        !subject.is_empty() && (rest == subject || rest.starts_with(&format!("{subject}'s")))
+    });
+    chained || restated
 }
 
 /// Whether a line is a chat turn as a log renders it: an optional `[time]`, a role, an
@@ -291,6 +318,17 @@ mod tests {
             text,
             "1. Ingrid's birthday is on March 14.\n7. The budget is 1,000,000 euros."
         );
+        for line in [
+            "The user's neighbour is the user's neighbour.",
+            "The user's neighbour is the user's neighbour's neighbour.",
+            "The user's neighbour's neighbour's neighbour lives in Kyoto.",
+        ] {
+            assert_eq!(
+                degenerate(line, GENERAL_UPDATE),
+                Some("state nothing"),
+                "{line}"
+            );
+        }
         let note = note.unwrap();
         assert!(
             note.contains("2 lines that repeat a span of words")
@@ -321,6 +359,9 @@ mod tests {
             "The phone number is 555-1111-2222.",
             "Wait... then it rained.",
             "Version 1.1.2 ships on Monday.",
+            "The user's neighbour is Ingrid.",
+            "Ingrid is the user's neighbour.",
+            "The plan is the plan we agreed on in May.",
         ] {
             assert_eq!(degenerate(line, GENERAL_UPDATE), None, "{line}");
         }
