@@ -381,20 +381,11 @@ impl CustomOp3 for CausalAttention {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::tests::close;
     use candle_core::{Device, Var};
 
     fn values(t: &Tensor) -> Vec<f32> {
         t.flatten_all().unwrap().to_vec1().unwrap()
-    }
-
-    fn close(a: &[f32], b: &[f32], what: &str) {
-        assert_eq!(a.len(), b.len());
-        let worst = a
-            .iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
-            .fold(0f32, f32::max);
-        assert!(worst < 1e-5, "{what}: relative difference {worst}");
     }
 
     /// Output and gradients equal the composed reference's, over lengths within one

@@ -387,9 +387,20 @@ impl CustomOp1 for CausalSoftmax {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use candle_core::Var;
+
+    /// Asserts `a` equals `b` within a relative 1e-5 (`what` names the values).
+    pub(crate) fn close(a: &[f32], b: &[f32], what: &str) {
+        assert_eq!(a.len(), b.len(), "{what}");
+        let worst = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-5, "{what}: relative difference {worst}");
+    }
 
     /// Compares the gradient of Σ (f(x) ⊙ probe) with central differences.
     fn check_grad(f: impl Fn(&Tensor) -> Result<Tensor>, shape: (usize, usize, usize, usize)) {
@@ -465,12 +476,6 @@ mod tests {
             let v = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
             let g = |var: &Var| grads.get(var).map_or_else(Vec::new, v);
             (v(&y), g(&x), g(&u))
-        };
-        let close = |a: &[f32], b: &[f32], what: &str| {
-            assert_eq!(a.len(), b.len(), "{what}");
-            for (p, q) in a.iter().zip(b) {
-                assert!((p - q).abs() < 1e-5 * (1.0 + q.abs()), "{what}: {p} vs {q}");
-            }
         };
         let fused = run(&|x, _| rms_norm(x, &w, 1e-5));
         let composed = run(&|x, _| rms_norm_composed(x, &w, 1e-5));
