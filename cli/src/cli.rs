@@ -557,10 +557,18 @@ pub enum IngestFormat {
 #[derive(Debug, Subcommand)]
 pub enum MemoryCommand {
     /// Print a memory version (the latest by default)
+    #[command(after_help = "Examples:\n  memctl memory show notes\n  \
+        memctl memory show notes --sources          # each line with the passage it came from\n  \
+        memctl memory show notes --at 3 --json")]
     Show {
         stream: String,
         #[arg(long, value_name = "VERSION")]
         at: Option<u64>,
+        /// After each line, where it came from: the version that wrote it, the chunk that
+        /// version read (bytes of the stream's log) and the passage of that chunk most like
+        /// the line, with its file and line
+        #[arg(long)]
+        sources: bool,
         #[arg(long)]
         json: bool,
     },

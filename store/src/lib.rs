@@ -22,6 +22,7 @@ mod error;
 mod ingest;
 mod records;
 mod search;
+mod sources;
 mod transfer;
 
 use std::fs::File;
@@ -49,6 +50,7 @@ pub use search::{
     evidence_answers, evidence_block, index_lag, search, sync_all, sync_stream, unlabelled,
     unmentioned, Evidence, EVIDENCE_TOKENS, MEANING_ONLY_SIMILARITY,
 };
+pub use sources::{line_sources, LineSource};
 pub use transfer::{ExportRecord, EXPORT_FORMAT};
 
 /// What an append did.

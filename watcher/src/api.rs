@@ -8,7 +8,7 @@
 //! | `GET /v1/streams` | the streams (as `memctl streams list --json`) |
 //! | `DELETE /v1/streams?stream=S` | removes a stream |
 //! | `POST /v1/append` `{stream, text, source?, force?}` | commit 1; the daemon reads it in |
-//! | `GET /v1/memory?stream=S[&at=V]` | a memory version |
+//! | `GET /v1/memory?stream=S[&at=V][&sources=true]` | a memory version (with each line's source) |
 //! | `GET /v1/history?stream=S` | every memory version |
 //! | `GET /v1/answers?stream=S` | the standing questions' answers, by version |
 //! | `POST /v1/memory` `{stream, version}` | adds a version written by a person |
@@ -261,6 +261,9 @@ async fn streams(State(state): State<AppState>) -> ApiResult {
 struct StreamParam {
     stream: String,
     at: Option<u64>,
+    /// `GET /v1/memory`: add each line's source (`memagent_store::line_sources`).
+    #[serde(default)]
+    sources: bool,
 }
 
 async fn remove_stream(State(state): State<AppState>, Query(p): Query<StreamParam>) -> ApiResult {
@@ -329,7 +332,18 @@ fn version_at(store: &Store, stream: &str, at: Option<u64>) -> ApiResult<MemoryV
 
 async fn memory(State(state): State<AppState>, Query(p): Query<StreamParam>) -> ApiResult {
     let v = version_at(&state.store, &p.stream, p.at)?;
-    Ok(Json(serde_json::to_value(v).unwrap_or_default()))
+    let mut body = serde_json::to_value(&v).unwrap_or_default();
+    if p.sources {
+        let (store, recall) = (state.store.clone(), state.recall.clone());
+        let sources = tokio::task::spawn_blocking(move || {
+            let record = store.require(&p.stream)?;
+            memagent_store::line_sources(&store, &recall, &record, &v)
+        })
+        .await
+        .map_err(|e| engine_error(e.to_string()))??;
+        body["sources"] = serde_json::to_value(sources).unwrap_or_default();
+    }
+    Ok(Json(body))
 }
 
 async fn history(State(state): State<AppState>, Query(p): Query<StreamParam>) -> ApiResult {

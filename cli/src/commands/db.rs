@@ -83,6 +83,35 @@ impl Db {
         version_at(store, stream, at)
     }
 
+    /// A memory version as JSON with each line's source under `sources`
+    /// ([`memagent_store::line_sources`]); `recall` opens the passage index when the
+    /// database is local.
+    pub fn version_with_sources(
+        &self,
+        stream: &str,
+        at: Option<u64>,
+        recall: impl FnOnce(&Store) -> Result<memagent_store::Recall>,
+    ) -> Result<Value> {
+        match self {
+            Self::Local(store) => {
+                let v = version_at(store, stream, at)?;
+                let recall = recall(store)?;
+                let sources =
+                    memagent_store::line_sources(store, &recall, &store.require(stream)?, &v)?;
+                let mut body = serde_json::to_value(&v)?;
+                body["sources"] = serde_json::to_value(sources)?;
+                Ok(body)
+            }
+            Self::Daemon(client) => {
+                let mut path = format!("/v1/memory?stream={}&sources=true", query_escape(stream));
+                if let Some(v) = at {
+                    path.push_str(&format!("&at={v}"));
+                }
+                client.get(&path)
+            }
+        }
+    }
+
     pub fn versions(&self, stream: &str) -> Result<Vec<MemoryVersion>> {
         match self {
             Self::Local(store) => Ok(store.versions(&store.require(stream)?, GENERAL)?),

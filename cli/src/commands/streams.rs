@@ -7,7 +7,7 @@ use memagent_store::{
     general_answers, Author, ExportRecord, Ingestor, MemoryVersion, Recall, StepOutcome, Store,
     GENERAL,
 };
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::db::{version_at, Db};
 use super::{print_json, ModelBackend};
@@ -427,11 +427,65 @@ fn version_json(v: &MemoryVersion) -> serde_json::Value {
     serde_json::to_value(v).unwrap_or_default()
 }
 
+/// Each line of a memory, then where it came from and the passage that says it.
+fn print_sources(out: &mut impl Write, v: &Value) -> Result<()> {
+    let sources = v["sources"].as_array().cloned().unwrap_or_default();
+    if sources.is_empty() {
+        writeln!(out, "{}", v["text"].as_str().unwrap_or_default())?;
+    }
+    for s in &sources {
+        writeln!(out, "{}", s["line"].as_str().unwrap_or_default())?;
+        let mut from = vec![format!("memory v{}", s["version"])];
+        match s["chunk"].as_u64() {
+            Some(c) => from.push(format!("chunk {c} (bytes {}..{})", s["start"], s["end"])),
+            None => from.push("written by a person".to_string()),
+        }
+        let p = &s["passage"];
+        if p.is_object() {
+            if let Some(source) = p["source"].as_str() {
+                from.push(match s["quote_line"].as_u64().or(p["line"].as_u64()) {
+                    Some(line) => format!("{source}:{line}"),
+                    None => source.to_string(),
+                });
+            }
+            from.push(format!("passage bytes {}..{}", p["start"], p["end"]));
+        }
+        writeln!(out, "    <- {}", from.join(" · "))?;
+        if let Some(text) = s["quote"].as_str() {
+            let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+            let shown: String = text.chars().take(160).collect();
+            let more = if text.chars().count() > 160 {
+                "…"
+            } else {
+                ""
+            };
+            writeln!(out, "       \"{shown}{more}\"")?;
+        }
+    }
+    Ok(())
+}
+
 pub fn memory(global: &GlobalArgs, command: &MemoryCommand) -> Result<()> {
     let db = Db::open(global)?;
     let mut out = std::io::stdout().lock();
     match command {
-        MemoryCommand::Show { stream, at, json } => {
+        MemoryCommand::Show {
+            stream,
+            at,
+            sources: true,
+            json,
+        } => {
+            let v = db.version_with_sources(stream, *at, |store| {
+                super::recall::open_recall(global, store)
+            })?;
+            if *json {
+                return print_json(&v);
+            }
+            print_sources(&mut out, &v)?;
+        }
+        MemoryCommand::Show {
+            stream, at, json, ..
+        } => {
             let v = db.version_at(stream, *at)?;
             if *json {
                 return print_json(&version_json(&v));

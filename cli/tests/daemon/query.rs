@@ -107,6 +107,14 @@ fn an_appended_fact_is_answered_through_the_socket() {
         assert!(out.status.success(), "{}", stderr(&out));
     }
     daemon.wait_caught_up("inbox", 25, Duration::from_secs(120));
+    // Each memory line's source, through the daemon: the same as read directly below.
+    let sourced = daemon.memctl(&["memory", "show", "notes", "--sources", "--json"]);
+    assert!(sourced.status.success(), "{}", stderr(&sourced));
+    let sourced: serde_json::Value = serde_json::from_slice(&sourced.stdout).unwrap();
+    assert!(
+        !sourced["sources"].as_array().unwrap().is_empty(),
+        "{sourced}"
+    );
 
     // Commands that need the database to themselves say who holds it.
     let export = daemon.memctl(&["export", "notes"]);
@@ -123,6 +131,19 @@ fn an_appended_fact_is_answered_through_the_socket() {
     // Without a daemon the same commands open the database directly.
     let show = daemon.memctl(&["memory", "show", "notes"]);
     assert!(show.status.success(), "{}", stderr(&show));
+    let at = sourced["version"].to_string();
+    let direct = daemon.memctl(&[
+        "memory",
+        "show",
+        "notes",
+        "--sources",
+        "--json",
+        "--at",
+        &at,
+    ]);
+    assert!(direct.status.success(), "{}", stderr(&direct));
+    let direct: serde_json::Value = serde_json::from_slice(&direct.stdout).unwrap();
+    assert_eq!(direct["sources"], sourced["sources"]);
     // The first question's chain alone: nothing new to read, the same answer.
     let alone = daemon.memctl(&["query", "notes", questions[0], "--deep", "--json"]);
     assert!(alone.status.success(), "{}", stderr(&alone));

@@ -370,3 +370,129 @@ fn a_question_about_a_name_never_stored_is_not_known_without_the_model() {
         "{answer:#}"
     );
 }
+
+#[test]
+fn memory_lines_name_the_version_chunk_and_passage_they_came_from() {
+    let dir = data_dir("search-sources");
+    let file = dir.join("journal.md");
+    let mut text = String::new();
+    for fact in [
+        "Ravi moved to Graz in May and works at the observatory there.",
+        "Lena's dog is called Pixel and sleeps under the piano.",
+        "The book club meets on Thursdays at the old library.",
+    ] {
+        text.push_str(fact);
+        text.push_str(
+            "\n\nThe afternoon was quiet, with tea and a long walk by the river before \
+             the rain came in from the hills.\n\n",
+        );
+    }
+    std::fs::write(&file, &text).unwrap();
+    let ingest = run(
+        &dir,
+        &[
+            "ingest",
+            "notes",
+            file.to_str().unwrap(),
+            "--writer",
+            "lines",
+            "--chunk-tokens",
+            "48",
+            "--memory-tokens",
+            "128",
+            "--json",
+        ],
+    );
+    assert!(ingest.status.success(), "{}", stderr(&ingest));
+    // A line a person adds has no chunk.
+    let latest = json(&run(&dir, &["memory", "show", "notes", "--json"]));
+    let mut edit = crate::memctl(&dir, &["memory", "edit", "notes"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let edited = format!(
+        "{}\nThe spare key hangs in the shed.\n",
+        latest["text"].as_str().unwrap()
+    );
+    std::io::Write::write_all(&mut edit.stdin.take().unwrap(), edited.as_bytes()).unwrap();
+    assert!(edit.wait_with_output().unwrap().status.success());
+
+    let shown = json(&run(
+        &dir,
+        &["memory", "show", "notes", "--sources", "--json"],
+    ));
+    let history = json(&run(&dir, &["memory", "history", "notes", "--json"]));
+    let version = |n: &Value| {
+        history
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["version"] == *n)
+            .unwrap_or_else(|| panic!("no version {n}"))
+            .clone()
+    };
+    let holds = |v: &Value, line: &str| {
+        v["text"].as_str().unwrap().lines().any(|l| {
+            l.trim()
+                .trim_start_matches(|c: char| c.is_ascii_digit() || c == '.')
+                .trim()
+                == line
+        })
+    };
+    let sources = shown["sources"].as_array().unwrap();
+    assert!(!sources.is_empty(), "{shown:#}");
+    let mut with_passage = 0;
+    for s in sources {
+        let line = s["line"].as_str().unwrap();
+        let writer = version(&s["version"]);
+        assert!(holds(&writer, line), "v{} lacks {line:?}", s["version"]);
+        if let Some(parent) = writer["parent"].as_u64() {
+            assert!(
+                !holds(&version(&parent.into()), line),
+                "{line:?} was older: {s:#}"
+            );
+        }
+        if line == "The spare key hangs in the shed." {
+            assert!(s["chunk"].is_null(), "{s:#}");
+            assert!(writer["author"]["person"].is_object(), "{writer:#}");
+            continue;
+        }
+        assert_eq!(s["chunk"], writer["chunk"], "{s:#}");
+        let (start, end) = (s["start"].as_u64().unwrap(), s["end"].as_u64().unwrap());
+        let p = &s["passage"];
+        if p.is_object() {
+            with_passage += 1;
+            let (ps, pe) = (p["start"].as_u64().unwrap(), p["end"].as_u64().unwrap());
+            assert!(ps < end && pe > start, "passage outside its chunk: {s:#}");
+            assert_eq!(&text[ps as usize..pe as usize], p["text"].as_str().unwrap());
+            assert_eq!(
+                p["line"],
+                text[..ps as usize].matches('\n').count() as u64 + 1
+            );
+            let quote = s["quote"].as_str().unwrap();
+            let head = quote.split(" … ").next().unwrap();
+            // The quote is the chunk's: found in the passage from where the chunk starts.
+            let from = start.max(ps) as usize;
+            let at = from
+                + text[from..pe as usize]
+                    .find(head)
+                    .unwrap_or_else(|| panic!("{quote:?} not in its passage"));
+            assert!(
+                (at as u64) < end && (at + head.len()) as u64 > start,
+                "{s:#}"
+            );
+            assert_eq!(s["quote_line"], text[..at].matches('\n').count() as u64 + 1);
+        }
+    }
+    assert!(
+        with_passage > 0,
+        "no model line found its passage: {shown:#}"
+    );
+    let printed = run(&dir, &["memory", "show", "notes", "--sources"]);
+    assert!(printed.status.success(), "{}", stderr(&printed));
+    let printed = String::from_utf8_lossy(&printed.stdout);
+    assert!(printed.contains("<- memory v"), "{printed}");
+    assert!(printed.contains("written by a person"), "{printed}");
+}
