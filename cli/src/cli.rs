@@ -169,7 +169,7 @@ pub enum Command {
         memctl train --out runs/tuned --steps 300 --resume   # after a stop\n  \
         memctl train data --count 3 --split validation"
     )]
-    Train(TrainArgs),
+    Train(Box<TrainArgs>),
     /// The answers to a stream's standing questions (`ask` in its watch), one per memory
     /// version, oldest first
     #[command(
@@ -219,6 +219,60 @@ pub struct TrainArgs {
 pub enum TrainCommand {
     /// Print generated training examples as JSON Lines (message, target, family)
     Data(TrainDataArgs),
+    /// Rejection sampling: read training documents several times with sampling, score
+    /// each reading by its outcome, keep the best that earned the reward
+    ///
+    /// Each document of the training split is read --samples times by the model (with
+    /// --adapter's adapter), every memory step its own conversation as at inference:
+    /// question mode with the MemAgent templates, scored 1 when the final answer holds
+    /// every planted value; general mode with --writer, scored by the share of planted
+    /// facts the final memory keeps (fewer noise lines win a tie). The best reading
+    /// scoring at least --min-reward is kept. One JSON line per document is appended to
+    /// --out (every sample's reward, the kept reading's conversations); documents already
+    /// there are skipped, so a stopped run continues. Train on the kept conversations with
+    /// `memctl train --examples FILE`, then sample again with the new adapter.
+    #[command(after_help = "Examples:\n  \
+        memctl train sample --out runs/rs/round1.jsonl --count 64 --writer lines\n  \
+        memctl train --out runs/rs --examples runs/rs/round1.jsonl --steps 60\n  \
+        memctl --adapter runs/rs/adapter.safetensors train sample --out runs/rs/round2.jsonl \\\n      \
+        --start 64 --count 64 --writer lines")]
+    Sample(TrainSampleArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TrainSampleArgs {
+    #[command(flatten)]
+    pub data: TrainDataOptions,
+    /// Samples file (JSON Lines, appended; documents already in it are skipped)
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+    /// Documents of the training split to read
+    #[arg(long, default_value_t = 16)]
+    pub count: u64,
+    /// First document index
+    #[arg(long, default_value_t = 0)]
+    pub start: u64,
+    /// Readings sampled per document
+    #[arg(long, default_value_t = 4)]
+    pub samples: usize,
+    /// Sampling temperature of every step
+    #[arg(long, default_value_t = 0.7)]
+    pub temperature: f32,
+    /// Nucleus sampling threshold
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Seed of the sampling: the same seed, model and documents give the same readings
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Least reward a kept reading has (1: a right answer; every planted fact kept)
+    #[arg(long, default_value_t = 1.0, value_parser = share)]
+    pub min_reward: f64,
+    /// Documents read together, their steps decoded as one batch
+    #[arg(long, default_value_t = 4)]
+    pub batch: usize,
+    /// Print the summary as JSON
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Options of the generated data, shared by training and `train data`.
@@ -343,6 +397,14 @@ pub struct TrainRunArgs {
     pub eval_examples: u64,
     #[command(flatten)]
     pub data: TrainDataOptions,
+    /// Train on the kept conversations of samples files (`memctl train sample`) instead
+    /// of generated examples; validation stays generated
+    #[arg(long, value_name = "FILE")]
+    pub examples: Vec<PathBuf>,
+    /// With --examples: the share of training examples drawn from the samples files;
+    /// the rest are generated as without them
+    #[arg(long, default_value_t = 1.0, value_parser = share)]
+    pub examples_share: f64,
     /// Print each update as a JSON line instead of a progress bar
     #[arg(long)]
     pub json: bool,

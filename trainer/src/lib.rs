@@ -1,6 +1,7 @@
-//! Supervised training of the memory agent: LoRA adapters over a GGUF model's weights
-//! dequantized to f32, on candle's autograd, from trajectories whose ideal memories are
-//! known (`memagent-tasks`). It owns the differentiable forward pass, the loss, the
+//! Training of the memory agent: LoRA adapters over a GGUF model's weights dequantized to
+//! f32, on candle's autograd, from trajectories whose ideal memories are known
+//! (`memagent-tasks`), or from the model's own sampled trajectories that earned their
+//! reward ([`rejection`]). It owns the differentiable forward pass, the loss, the
 //! optimizer, checkpoints and the adapter files the engine loads; it never prints (the
 //! caller gets events) and never installs signal handlers (the caller passes a stop flag).
 //!
@@ -25,6 +26,7 @@ mod model;
 pub mod ops;
 mod optim;
 mod plot;
+pub mod rejection;
 mod run;
 
 pub use attention::{causal_attention, reference_attention};
@@ -35,4 +37,5 @@ pub use loss::{correct_tokens, weighted_nll};
 pub use model::TrainModel;
 pub use optim::{clip_grad_norm, learning_rate, AdamW, AdamWConfig};
 pub use plot::loss_curve;
+pub use rejection::{Group, SampleConfig, SampledExamples};
 pub use run::{read_log, EvalScores, Event, Examples, LogLine, Run, Sequence, TrainConfig};

@@ -15,6 +15,7 @@ mod sessions;
 mod streams;
 mod tokenize;
 mod train;
+mod train_sample;
 mod watch;
 
 use std::io::Write;

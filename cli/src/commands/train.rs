@@ -1,7 +1,7 @@
 //! `memctl train`: LoRA training of the memory agent, and `memctl train data`.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -9,8 +9,8 @@ use anyhow::{bail, Result};
 use memagent_engine::sha256_file;
 use memagent_tasks::training::{trajectory, DataConfig, Split};
 use memagent_trainer::{
-    loss_curve, read_log, AdamWConfig, Event, LoraConfig, Run, Target, TaskData, TrainConfig,
-    TrainModel,
+    loss_curve, read_log, AdamWConfig, Event, LoraConfig, Run, SampledExamples, Target, TaskData,
+    TrainConfig, TrainModel,
 };
 
 use crate::cli::{GlobalArgs, TrainArgs, TrainCommand, TrainDataArgs, TrainDataOptions};
@@ -19,6 +19,7 @@ use crate::settings;
 pub fn run(global: &GlobalArgs, args: &TrainArgs) -> Result<()> {
     match &args.command {
         Some(TrainCommand::Data(data)) => print_data(global, data),
+        Some(TrainCommand::Sample(sample)) => super::train_sample::run(global, sample),
         None => train(global, args),
     }
 }
@@ -35,7 +36,7 @@ fn data_config(o: &TrainDataOptions) -> DataConfig {
     }
 }
 
-fn task_data(model: &Path, o: &TrainDataOptions) -> Result<TaskData> {
+pub(super) fn task_data(model: &Path, o: &TrainDataOptions) -> Result<TaskData> {
     let essays = super::bench::haystack(o.haystack.as_deref())?;
     let essays = (essays.source() != memagent_tasks::Haystack::noise().source()).then_some(essays);
     Ok(TaskData::from_gguf(
@@ -127,6 +128,10 @@ fn train(global: &GlobalArgs, args: &TrainArgs) -> Result<()> {
         data: {
             let mut d = serde_json::to_value(data.config)?;
             d["new_fact_weight"] = data.new_fact_weight.into();
+            if !a.examples.is_empty() {
+                d["examples"] = serde_json::json!(a.examples);
+                d["examples_share"] = a.examples_share.into();
+            }
             d
         },
     };
@@ -189,7 +194,21 @@ fn train(global: &GlobalArgs, args: &TrainArgs) -> Result<()> {
         }
         Event::Checkpoint { step } => tracing::info!("checkpoint at update {step}"),
     };
-    run.train(&data, &stop, &mut on_event)?;
+    if a.examples.is_empty() {
+        run.train(&data, &stop, &mut on_event)?;
+    } else {
+        let files: Vec<&Path> = a.examples.iter().map(PathBuf::as_path).collect();
+        let sampled = SampledExamples::open(data, &files, a.examples_share)?;
+        if !global.quiet {
+            eprintln!(
+                "training on {} kept conversations from {} samples file(s), share {}",
+                sampled.conversations.len(),
+                files.len(),
+                a.examples_share
+            );
+        }
+        run.train(&sampled, &stop, &mut on_event)?;
+    }
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }

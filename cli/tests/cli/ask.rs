@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
 
-use super::{model_path, stderr, stdout};
+use super::{model_path, stderr, stdout, tempdir};
 
 /// Runs `memctl --model DEFAULT args…` with `input` on standard input.
 fn ask(args: &[&str], input: &str) -> Output {
@@ -336,14 +336,4 @@ fn a_remote_model_of_unknown_size_needs_a_profile() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(!stderr(&o).contains("--profile small"), "{}", stderr(&o));
     assert!(stderr(&o).contains("--tokenizer"), "{}", stderr(&o));
-}
-
-fn tempdir() -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "memctl-ask-test-{}-{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }

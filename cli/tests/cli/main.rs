@@ -3,6 +3,7 @@
 mod ask;
 mod bench_loop;
 mod ruler;
+mod train_sample;
 mod watch;
 
 use std::path::PathBuf;
@@ -39,6 +40,18 @@ fn with_model(args: &[&str]) -> Output {
         .env_remove("MEMAGENT_CONFIG")
         .output()
         .expect("run memctl")
+}
+
+/// A fresh folder of this test's own (the process and thread name it).
+fn tempdir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "memctl-cli-test-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
 fn stdout(o: &Output) -> String {

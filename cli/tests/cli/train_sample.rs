@@ -1,0 +1,138 @@
+//! Rejection sampling (`memctl train sample`) on the real default model, and training on
+//! its samples files (`memctl train --examples`).
+
+use std::path::Path;
+
+use super::{stderr, tempdir, with_model};
+
+fn sample(out: &Path, seed: &str) -> String {
+    let o = with_model(&[
+        "--adapter",
+        "none",
+        "-q",
+        "train",
+        "sample",
+        "--out",
+        out.to_str().unwrap(),
+        "--count",
+        "2",
+        "--samples",
+        "3",
+        "--seed",
+        seed,
+        "--general-share",
+        "0.5",
+        "--writer",
+        "lines",
+        "--chunk-min",
+        "96",
+        "--chunk-max",
+        "160",
+        "--min-reward",
+        "0",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::read_to_string(out).unwrap()
+}
+
+#[test]
+fn rejection_sampling_with_a_fixed_seed_selects_the_same_trajectories() {
+    let dir = tempdir();
+    let a = sample(&dir.as_path().join("a.jsonl"), "5");
+    let b = sample(&dir.as_path().join("b.jsonl"), "5");
+    assert_eq!(a, b, "the same seed read the documents differently");
+    let groups: Vec<serde_json::Value> = a
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(groups.len(), 2);
+    for g in &groups {
+        assert_eq!(g["samples"].as_array().unwrap().len(), 3, "{g}");
+        match g["selected"].as_u64() {
+            Some(s) => {
+                let best = &g["samples"][s as usize];
+                let top = g["samples"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|s| s["score"].as_f64().unwrap())
+                    .fold(0.0, f64::max);
+                assert_eq!(best["score"].as_f64(), Some(top), "{g}");
+                assert!(!g["conversations"].as_array().unwrap().is_empty(), "{g}");
+            }
+            None => assert!(g["conversations"].as_array().unwrap().is_empty(), "{g}"),
+        }
+    }
+    // Sampling is on: the readings of a document differ, and another seed reads others.
+    let memories: Vec<&str> = groups
+        .iter()
+        .flat_map(|g| g["samples"].as_array().unwrap())
+        .map(|s| s["memory"].as_str().unwrap())
+        .collect();
+    assert!(
+        memories.windows(2).any(|w| w[0] != w[1]),
+        "every reading wrote the same memory: {memories:?}"
+    );
+    let c = sample(&dir.as_path().join("c.jsonl"), "6");
+    assert_ne!(a, c, "another seed read the documents the same way");
+    // Documents already in the file are skipped: sampling again appends nothing.
+    let again = sample(&dir.as_path().join("a.jsonl"), "5");
+    assert_eq!(again, a);
+}
+
+#[test]
+fn training_reads_the_kept_conversations_of_a_samples_file() {
+    let dir = tempdir();
+    let file = dir.as_path().join("samples.jsonl");
+    let group = serde_json::json!({
+        "index": 0, "family": "chat", "mode": "general",
+        "samples": [{"score": 1.0, "noise_lines": 0, "memory": "Ada lives in Graz."}],
+        "selected": 0,
+        "conversations": [{"kind": "update",
+            "message": "Read the text and write its new facts.\nText: Ada lives in Graz.",
+            "target": "Ada lives in Graz.", "memory_before": "No previous memory"}],
+    });
+    std::fs::write(&file, format!("{group}\n")).unwrap();
+    let out = dir.as_path().join("run");
+    let train = |examples: &Path| {
+        with_model(&[
+            "--adapter",
+            "none",
+            "train",
+            "--out",
+            out.to_str().unwrap(),
+            "--examples",
+            examples.to_str().unwrap(),
+            "--steps",
+            "1",
+            "--batch",
+            "1",
+            "--warmup",
+            "0",
+            "--eval-every",
+            "0",
+            "--top-layers",
+            "1",
+            "--json",
+        ])
+    };
+    let o = train(&file);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("1 kept conversations"),
+        "{}",
+        stderr(&o)
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("adapter.json")).unwrap()).unwrap();
+    assert_eq!(manifest["data"]["examples"][0], file.to_str().unwrap());
+    assert_eq!(manifest["metrics"]["updates"], 1);
+
+    let bad = dir.as_path().join("bad.jsonl");
+    std::fs::write(&bad, format!("{group}\nnot json\n")).unwrap();
+    std::fs::remove_dir_all(&out).unwrap();
+    let o = train(&bad);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("bad.jsonl:2"), "{}", stderr(&o));
+}

@@ -1,0 +1,517 @@
+//! Rejection-sampling fine-tuning (expert iteration): the CPU-sized form of learning from
+//! answers. For each training document the current model reads it several times with
+//! sampling, each memory step its own conversation as at inference; every trajectory is
+//! scored by the reward of its outcome (question mode: the final answer holds every
+//! planted value; general mode: the share of planted facts the final memory keeps), the
+//! best one that earned the reward is kept, and its conversations become training
+//! examples ([`SampledExamples`]). Train on them, sample again with the new adapter,
+//! repeat.
+//!
+//! The reward and the selection are separate functions of a group of scored trajectories,
+//! so a policy-gradient loss (GRPO: every trajectory weighted by its reward's advantage
+//! within the group) can take the same groups later.
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+
+use memagent_engine::agent::{
+    Backend, Chunk, MemoryAgent, Profile, StepReport, TextTokenizer, Writer, GENERAL_UPDATE,
+    NO_MEMORY, UPDATE,
+};
+use memagent_engine::SamplingParams;
+use memagent_tasks::training::{Mode, Split, Trajectory};
+use serde::{Deserialize, Serialize};
+
+use crate::data::TaskData;
+use crate::error::{io, Error, Result};
+use crate::run::{Examples, Sequence};
+
+/// How trajectories are sampled and which are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SampleConfig {
+    /// Trajectories sampled per document (the group).
+    pub samples: usize,
+    pub temperature: f32,
+    pub top_p: f32,
+    /// Seed of the sampling; the same seed draws the same trajectories.
+    pub seed: u64,
+    /// How general-mode memories are written (as `memctl ingest --writer`).
+    pub writer: Writer,
+    /// Least reward a kept trajectory has: 1 keeps only answers holding every value and
+    /// memories keeping every planted fact.
+    pub min_reward: f64,
+}
+
+impl Default for SampleConfig {
+    fn default() -> Self {
+        Self {
+            samples: 4,
+            temperature: 0.7,
+            top_p: 0.95,
+            seed: 1,
+            writer: Writer::Lines,
+            min_reward: 1.0,
+        }
+    }
+}
+
+/// What one trajectory earned.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Reward {
+    /// Question mode: 1 when the final answer holds every expected value, else 0.
+    /// General mode: the share of planted facts whose values the final memory holds.
+    pub score: f64,
+    /// Memory lines that hold no current fact whole (general mode; 0 in question mode):
+    /// small talk, stale values, invented or half facts. Fewer wins a tie.
+    pub noise_lines: usize,
+}
+
+/// The reward of a trajectory that ended with `memory` and, in question mode, `answer`:
+/// the scores `scripts/eval-validation` gives.
+pub fn reward(t: &Trajectory, memory: &str, answer: &str) -> Reward {
+    match t.mode {
+        Mode::Question => {
+            let answer = answer.to_lowercase();
+            let right = t
+                .expected
+                .iter()
+                .all(|e| answer.contains(&e.to_lowercase()));
+            Reward {
+                score: if right { 1.0 } else { 0.0 },
+                noise_lines: 0,
+            }
+        }
+        Mode::General => {
+            let low = memory.to_lowercase();
+            let holds = |text: &str, values: &[String]| {
+                values.iter().all(|v| text.contains(&v.to_lowercase()))
+            };
+            let kept = t.fact_values.iter().filter(|vs| holds(&low, vs)).count();
+            let noise_lines = memory
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .filter(|l| {
+                    let l = l.to_lowercase();
+                    !t.fact_values.iter().any(|vs| holds(&l, vs))
+                })
+                .count();
+            Reward {
+                score: kept as f64 / t.fact_values.len().max(1) as f64,
+                noise_lines,
+            }
+        }
+    }
+}
+
+/// The trajectory of a group to train on: the highest score, then the fewest noise lines,
+/// then the first drawn; none when even the best scored under `min_reward` or nothing.
+pub fn select(rewards: &[Reward], min_reward: f64) -> Option<usize> {
+    let mut best: Option<usize> = None;
+    for (i, r) in rewards.iter().enumerate() {
+        let better = match best {
+            None => true,
+            Some(b) => {
+                let b = rewards[b];
+                r.score > b.score || (r.score == b.score && r.noise_lines < b.noise_lines)
+            }
+        };
+        if better {
+            best = Some(i);
+        }
+    }
+    best.filter(|&b| rewards[b].score >= min_reward && rewards[b].score > 0.0)
+}
+
+/// One conversation of a sampled trajectory, as the model had it and replied.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Conversation {
+    /// `update` or `final`.
+    pub kind: String,
+    pub message: String,
+    pub target: String,
+    /// The memory an update step started from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_before: Option<String>,
+}
+
+/// One sampled reading of a document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sampled {
+    pub reward: Reward,
+    pub memory: String,
+    /// The final answer (question mode).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub answer: String,
+    pub conversations: Vec<Conversation>,
+}
+
+/// How one sampled reading ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Outcome {
+    #[serde(flatten)]
+    pub reward: Reward,
+    pub memory: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub answer: String,
+}
+
+/// A document's group: how every sample ended and the kept reading's conversations (one
+/// line of a samples file).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Group {
+    /// The trajectory's index in the training split.
+    pub index: u64,
+    pub family: String,
+    pub mode: Mode,
+    pub samples: Vec<Outcome>,
+    pub selected: Option<usize>,
+    /// The selected reading's conversations (none when nothing was selected).
+    pub conversations: Vec<Conversation>,
+}
+
+impl Group {
+    /// The group of `t` from its samples, the best kept.
+    pub fn of(index: u64, t: &Trajectory, samples: Vec<Sampled>, min_reward: f64) -> Group {
+        let rewards: Vec<Reward> = samples.iter().map(|s| s.reward).collect();
+        let selected = select(&rewards, min_reward);
+        let conversations = selected.map_or_else(Vec::new, |i| samples[i].conversations.clone());
+        Group {
+            index,
+            family: t.family.to_string(),
+            mode: t.mode,
+            samples: samples
+                .into_iter()
+                .map(|s| Outcome {
+                    reward: s.reward,
+                    memory: s.memory,
+                    answer: s.answer,
+                })
+                .collect(),
+            selected,
+            conversations,
+        }
+    }
+}
+
+/// The seed of sample `sample`'s step `round` (the final answer is the round after the
+/// last step): every sequence of a batch step gets it, so a document's trajectory is the
+/// same whatever documents share its batches.
+fn step_seed(seed: u64, sample: usize, round: usize) -> u64 {
+    let mut z = seed
+        .wrapping_add((sample as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .wrapping_add((round as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Reads each of `trajectories` once, as sample number `sample`, with the model behind
+/// `backend`: the trajectory's own chunks, one step each (decoded as one batch across the
+/// documents), then the final answer in question mode. Each memory step is the one
+/// inference takes: the MemAgent update in question mode, the general writer in general
+/// mode.
+pub fn sample_once(
+    backend: &dyn Backend,
+    tokenizer: &dyn TextTokenizer,
+    profile: Profile,
+    trajectories: &[Trajectory],
+    sample: usize,
+    config: &SampleConfig,
+) -> Result<Vec<Sampled>> {
+    let agent_for = |round: usize| {
+        let mut agent = MemoryAgent::new(backend, tokenizer, profile);
+        agent.sampling = SamplingParams {
+            temperature: config.temperature,
+            top_p: config.top_p,
+            seed: step_seed(config.seed, sample, round),
+        };
+        agent
+    };
+    let chunks: Vec<Vec<Chunk>> = trajectories
+        .iter()
+        .map(|t| {
+            t.steps
+                .iter()
+                .map(|s| {
+                    Ok(Chunk {
+                        tokens: tokenizer.encode(&s.chunk)?.len(),
+                        text: s.chunk.clone(),
+                    })
+                })
+                .collect::<Result<Vec<_>>>()
+        })
+        .collect::<Result<_>>()?;
+    let mut memories = vec![NO_MEMORY.to_string(); trajectories.len()];
+    let mut reports: Vec<Vec<StepReport>> = vec![Vec::new(); trajectories.len()];
+    let rounds = chunks.iter().map(Vec::len).max().unwrap_or(0);
+    for round in 0..rounds {
+        let agent = agent_for(round);
+        let active: Vec<usize> = (0..trajectories.len())
+            .filter(|&i| round < chunks[i].len())
+            .collect();
+        let (question, general): (Vec<usize>, Vec<usize>) = active
+            .into_iter()
+            .partition(|&i| trajectories[i].mode == Mode::Question);
+        let mut done: Vec<(usize, StepReport)> = Vec::new();
+        if !question.is_empty() {
+            let inputs: Vec<(&str, &str, &Chunk)> = question
+                .iter()
+                .map(|&i| {
+                    (
+                        trajectories[i].question.as_str(),
+                        memories[i].as_str(),
+                        &chunks[i][round],
+                    )
+                })
+                .collect();
+            done.extend(
+                question
+                    .iter()
+                    .copied()
+                    .zip(agent.update_many(UPDATE, &inputs)?),
+            );
+        }
+        if !general.is_empty() {
+            let stepped = match config.writer {
+                Writer::Lines => {
+                    let inputs: Vec<(&str, &Chunk)> = general
+                        .iter()
+                        .map(|&i| (memories[i].as_str(), &chunks[i][round]))
+                        .collect();
+                    agent.update_lines_many(&inputs, None)?
+                }
+                Writer::Rewrite => {
+                    let inputs: Vec<(&str, &str, &Chunk)> = general
+                        .iter()
+                        .map(|&i| ("", memories[i].as_str(), &chunks[i][round]))
+                        .collect();
+                    agent.update_many(GENERAL_UPDATE, &inputs)?
+                }
+            };
+            done.extend(general.iter().copied().zip(stepped));
+        }
+        for (i, step) in done {
+            memories[i].clone_from(&step.memory);
+            reports[i].push(step);
+        }
+    }
+    let question: Vec<usize> = (0..trajectories.len())
+        .filter(|&i| trajectories[i].mode == Mode::Question)
+        .collect();
+    let mut answers = vec![String::new(); trajectories.len()];
+    if !question.is_empty() {
+        let items: Vec<(&str, &str)> = question
+            .iter()
+            .map(|&i| (trajectories[i].question.as_str(), memories[i].as_str()))
+            .collect();
+        let replies = agent_for(rounds).answer_many(None, &items)?;
+        for (&i, reply) in question.iter().zip(replies) {
+            answers[i] = reply.reply;
+        }
+    }
+    Ok(trajectories
+        .iter()
+        .zip(reports)
+        .zip(memories.into_iter().zip(answers))
+        .map(|((t, steps), (memory, answer))| Sampled {
+            reward: reward(t, &memory, &answer),
+            conversations: conversations(t, &steps, &answer, config.writer),
+            memory,
+            answer,
+        })
+        .collect())
+}
+
+/// The conversations a sampled reading had, with the model's replies as targets: the
+/// trajectory's examples with its memories in place of the oracle's. Line-writer steps
+/// that compacted the memory are left out (their new memory is a rewrite, not the reply
+/// of the line template), and so is general mode's final answer, which no sample wrote.
+fn conversations(
+    t: &Trajectory,
+    steps: &[StepReport],
+    answer: &str,
+    writer: Writer,
+) -> Vec<Conversation> {
+    let mut read = t.clone();
+    let mut before = NO_MEMORY.to_string();
+    for (step, report) in read.steps.iter_mut().zip(steps) {
+        step.memory_before = std::mem::replace(&mut before, report.memory.clone());
+        step.memory_after.clone_from(&report.memory);
+    }
+    read.answer = answer.to_string();
+    let compacted: HashSet<usize> = steps
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| {
+            s.repaired
+                .as_deref()
+                .is_some_and(|r| r.contains("compacted"))
+        })
+        .map(|(i, _)| i)
+        .collect();
+    let lines = t.mode == Mode::General && writer == Writer::Lines;
+    read.examples(writer)
+        .into_iter()
+        .enumerate()
+        .filter(|(i, e)| {
+            let final_answer = e.kind == "final";
+            let unwritten = final_answer && t.mode == Mode::General;
+            !(unwritten || lines && compacted.contains(i))
+        })
+        .map(|(_, e)| Conversation {
+            kind: e.kind.to_string(),
+            message: e.message,
+            target: e.target,
+            memory_before: e.memory_before,
+        })
+        .collect()
+}
+
+/// The groups of a samples file, one JSON line each.
+pub fn read_groups(path: &Path) -> Result<Vec<Group>> {
+    let file = std::fs::File::open(path).map_err(io(path))?;
+    let mut groups = Vec::new();
+    for (n, line) in BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(io(path))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let group: Group = serde_json::from_str(&line).map_err(|e| {
+            Error::Config(format!(
+                "{}:{}: not a sampled group ({e}); write samples files with memctl train sample",
+                path.display(),
+                n + 1
+            ))
+        })?;
+        groups.push(group);
+    }
+    Ok(groups)
+}
+
+/// Training examples from samples files: each training index draws the kept
+/// conversations (with replacement, from the data seed) with probability `share`, else
+/// the generator's example of that index; validation stays the generator's, so that the
+/// teacher-forced scores of runs compare.
+pub struct SampledExamples {
+    pub data: TaskData,
+    pub conversations: Vec<Conversation>,
+    pub share: f64,
+}
+
+impl SampledExamples {
+    /// The kept conversations of `files`; an error when none of them kept any.
+    pub fn open(data: TaskData, files: &[&Path], share: f64) -> Result<Self> {
+        let mut conversations = Vec::new();
+        for file in files {
+            for group in read_groups(file)? {
+                conversations.extend(group.conversations);
+            }
+        }
+        if conversations.is_empty() {
+            return Err(Error::Config(format!(
+                "no kept trajectory in {}; sample more documents or lower --min-reward",
+                files
+                    .iter()
+                    .map(|f| f.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        Ok(Self {
+            data,
+            conversations,
+            share,
+        })
+    }
+
+    /// Unit-interval draw of training index `index` and a second word for the pick.
+    fn draw(&self, index: u64) -> (f64, u64) {
+        let a = step_seed(self.data.config.seed ^ 0x05A3_D1E5, index as usize, 0);
+        let b = step_seed(a, 1, 1);
+        ((a >> 11) as f64 / (1u64 << 53) as f64, b)
+    }
+}
+
+impl Examples for SampledExamples {
+    fn sequence(&self, split: Split, index: u64) -> Result<Sequence> {
+        let (u, pick) = self.draw(index);
+        if split == Split::Validation || u >= self.share {
+            return self.data.sequence(split, index);
+        }
+        let c = &self.conversations[(pick % self.conversations.len() as u64) as usize];
+        self.data
+            .tokenize(&c.message, &c.target, c.memory_before.as_deref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memagent_tasks::training::Step;
+
+    fn trajectory(mode: Mode) -> Trajectory {
+        Trajectory {
+            mode,
+            family: "chat",
+            filler: "none".into(),
+            question: "Where does Ada live?".into(),
+            steps: vec![Step {
+                chunk: "Ada lives in Graz. Ben was born on 3 May.".into(),
+                memory_before: "No previous memory".into(),
+                memory_after: "Ada lives in Graz.".into(),
+                relevant: vec![],
+                distractors: vec![],
+            }],
+            answer: "\\boxed{Graz}".into(),
+            expected: vec!["Graz".into()],
+            memory_lines: vec!["Ada lives in Graz.".into(), "Ben was born on 3 May.".into()],
+            fact_values: vec![
+                vec!["Ada".into(), "Graz".into()],
+                vec!["Ben".into(), "3 May".into()],
+            ],
+        }
+    }
+
+    #[test]
+    fn general_reward_is_the_share_of_facts_kept_and_counts_noise() {
+        let t = trajectory(Mode::General);
+        let r = reward(&t, "Ada lives in graz.\nThe weather was nice.\nBen.", "");
+        assert_eq!(r.score, 0.5);
+        assert_eq!(r.noise_lines, 2);
+        let all = reward(&t, "Ada lives in Graz.\nBen's birthday: 3 May.", "");
+        assert_eq!((all.score, all.noise_lines), (1.0, 0));
+    }
+
+    #[test]
+    fn question_reward_needs_every_expected_value() {
+        let mut t = trajectory(Mode::Question);
+        assert_eq!(reward(&t, "", "\\boxed{graz}").score, 1.0);
+        assert_eq!(reward(&t, "", "\\boxed{Vienna}").score, 0.0);
+        t.expected.push("Linz".into());
+        assert_eq!(reward(&t, "", "Graz").score, 0.0);
+    }
+
+    #[test]
+    fn selection_takes_the_best_then_the_cleanest_then_the_first() {
+        let r = |score, noise_lines| Reward { score, noise_lines };
+        assert_eq!(
+            select(&[r(0.5, 0), r(1.0, 2), r(1.0, 1), r(1.0, 1)], 1.0),
+            Some(2)
+        );
+        assert_eq!(select(&[r(0.5, 0), r(0.75, 3)], 1.0), None);
+        assert_eq!(select(&[r(0.5, 0), r(0.75, 3)], 0.5), Some(1));
+        assert_eq!(select(&[r(0.0, 0), r(0.0, 0)], 0.0), None, "nothing earned");
+        assert_eq!(select(&[], 0.0), None);
+    }
+
+    #[test]
+    fn step_seeds_differ_by_sample_and_round() {
+        let seeds: HashSet<u64> = (0..4)
+            .flat_map(|s| (0..8).map(move |r| step_seed(1, s, r)))
+            .collect();
+        assert_eq!(seeds.len(), 32);
+        assert_eq!(step_seed(1, 2, 3), step_seed(1, 2, 3));
+        assert_ne!(step_seed(1, 2, 3), step_seed(2, 2, 3));
+    }
+}
