@@ -347,9 +347,38 @@ impl LocalModel {
         prompts: &[&[u32]],
         options: &GenerateOptions,
     ) -> Result<Vec<Generation>> {
+        if prompts.len() > 1 && !self.exact_rows() {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::info!(
+                    "batched decoding is exact only on the CPU kernels: sequences on {:?} \
+                     are decoded one at a time",
+                    self.transformer.device()
+                )
+            });
+            return prompts
+                .iter()
+                .map(|prompt| {
+                    let mut one = self.decode_batch(&[prompt], options, &mut |_, g, max| {
+                        lookup_draft(prompt, g, max)
+                    })?;
+                    Ok(one.pop().expect("one generation per prompt"))
+                })
+                .collect();
+        }
         self.decode_batch(prompts, options, &mut |i, generated, max| {
             lookup_draft(prompts[i], generated, max)
         })
+    }
+
+    /// Whether a decoding pass of several rows (drafted tokens, other sequences) gives
+    /// each row exactly the logits it gets alone, so that drafting and batching never
+    /// change a reply. The engine's CPU kernels do (tested); candle's GPU matrix products
+    /// choose their kernels by shape and differ in the last bits (measured on an H100:
+    /// drafted and batched greedy replies parted from one-token decoding), so on a GPU
+    /// replies are decoded one token and one sequence at a time.
+    pub fn exact_rows(&self) -> bool {
+        self.transformer.device().is_cpu()
     }
 
     fn decode_batch(
@@ -376,7 +405,8 @@ impl LocalModel {
                 });
             }
         }
-        let speculate = options.sampling.temperature <= 0.0 && options.draft_tokens > 0;
+        let speculate =
+            options.sampling.temperature <= 0.0 && options.draft_tokens > 0 && self.exact_rows();
         let max_draft = options.draft_tokens.min(Transformer::MAX_VERIFY - 1);
         let mut seqs = Vec::with_capacity(prompts.len());
         for prompt in prompts {
