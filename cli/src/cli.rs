@@ -398,7 +398,8 @@ pub struct TrainRunArgs {
     #[command(flatten)]
     pub data: TrainDataOptions,
     /// Train on the kept conversations of samples files (`memctl train sample`) instead
-    /// of generated examples; validation stays generated
+    /// of generated examples: general-mode ones with --general-share of probability,
+    /// question-mode ones otherwise; validation stays generated
     #[arg(long, value_name = "FILE")]
     pub examples: Vec<PathBuf>,
     /// With --examples: the share of training examples drawn from the samples files;

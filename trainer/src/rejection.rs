@@ -389,26 +389,33 @@ pub fn read_groups(path: &Path) -> Result<Vec<Group>> {
     Ok(groups)
 }
 
-/// Training examples from samples files: each training index draws the kept
-/// conversations (with replacement, from the data seed) with probability `share`, else
-/// the generator's example of that index; validation stays the generator's, so that the
-/// teacher-forced scores of runs compare.
+/// Training examples from samples files: each training index draws a kept conversation
+/// (with replacement, from the data seed) with probability `share`, else the generator's
+/// example of that index; validation stays the generator's, so that the teacher-forced
+/// scores of runs compare. A kept conversation is a general-mode one with the data's
+/// `general_share` of probability, else a question-mode one, whatever share of the kept
+/// conversations each mode has: question documents have more steps, and a round that
+/// takes every kept conversation alike drifts toward question mode.
 pub struct SampledExamples {
     pub data: TaskData,
-    pub conversations: Vec<Conversation>,
+    pub general: Vec<Conversation>,
+    pub question: Vec<Conversation>,
     pub share: f64,
 }
 
 impl SampledExamples {
     /// The kept conversations of `files`; an error when none of them kept any.
     pub fn open(data: TaskData, files: &[&Path], share: f64) -> Result<Self> {
-        let mut conversations = Vec::new();
+        let (mut general, mut question) = (Vec::new(), Vec::new());
         for file in files {
             for group in read_groups(file)? {
-                conversations.extend(group.conversations);
+                match group.mode {
+                    Mode::General => general.extend(group.conversations),
+                    Mode::Question => question.extend(group.conversations),
+                }
             }
         }
-        if conversations.is_empty() {
+        if general.is_empty() && question.is_empty() {
             return Err(Error::Config(format!(
                 "no kept trajectory in {}; sample more documents or lower --min-reward",
                 files
@@ -420,26 +427,45 @@ impl SampledExamples {
         }
         Ok(Self {
             data,
-            conversations,
+            general,
+            question,
             share,
         })
     }
 
-    /// Unit-interval draw of training index `index` and a second word for the pick.
-    fn draw(&self, index: u64) -> (f64, u64) {
+    /// Kept conversations in all.
+    pub fn len(&self) -> usize {
+        self.general.len() + self.question.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Unit-interval draws of training index `index`, and a word for the pick.
+    fn draw(&self, index: u64) -> (f64, f64, u64) {
+        let unit = |z: u64| (z >> 11) as f64 / (1u64 << 53) as f64;
         let a = step_seed(self.data.config.seed ^ 0x05A3_D1E5, index as usize, 0);
         let b = step_seed(a, 1, 1);
-        ((a >> 11) as f64 / (1u64 << 53) as f64, b)
+        let c = step_seed(b, 2, 2);
+        (unit(a), unit(b), c)
     }
 }
 
 impl Examples for SampledExamples {
     fn sequence(&self, split: Split, index: u64) -> Result<Sequence> {
-        let (u, pick) = self.draw(index);
+        let (u, mode, pick) = self.draw(index);
         if split == Split::Validation || u >= self.share {
             return self.data.sequence(split, index);
         }
-        let c = &self.conversations[(pick % self.conversations.len() as u64) as usize];
+        let general = !self.general.is_empty()
+            && (self.question.is_empty() || mode < self.data.config.general_share);
+        let list = if general {
+            &self.general
+        } else {
+            &self.question
+        };
+        let c = &list[(pick % list.len() as u64) as usize];
         self.data
             .tokenize(&c.message, &c.target, c.memory_before.as_deref())
     }

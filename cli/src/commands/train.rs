@@ -201,8 +201,12 @@ fn train(global: &GlobalArgs, args: &TrainArgs) -> Result<()> {
         let sampled = SampledExamples::open(data, &files, a.examples_share)?;
         if !global.quiet {
             eprintln!(
-                "training on {} kept conversations from {} samples file(s), share {}",
-                sampled.conversations.len(),
+                "training on {} kept conversations ({} general, {} question mode; drawn \
+                 at --general-share {}) from {} samples file(s), share {}",
+                sampled.len(),
+                sampled.general.len(),
+                sampled.question.len(),
+                a.data.general_share,
                 files.len(),
                 a.examples_share
             );
