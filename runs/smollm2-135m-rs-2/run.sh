@@ -2,7 +2,9 @@
 # A second round of rejection sampling, from runs/smollm2-135m-rs's adapter: 64 new
 # training documents (indices 48..111, half of them question mode) read 4 times each,
 # then 40 updates on the kept conversations of both rounds; free-running validation
-# after, and the training split's patterns for the gap.
+# after, and the training split's patterns for the gap. (Its training took every kept
+# conversation alike; `memctl train --examples` now draws them per mode, which
+# runs/smollm2-135m-rs-2b measures.)
 #
 #   runs/smollm2-135m-rs-2/run.sh      # from the repository root; resumes where it stopped
 set -euo pipefail
@@ -28,7 +30,7 @@ if [ ! -s "$dir/eval-validation.json" ]; then
     --count 16 --writer lines --json > "$dir/eval-validation.jsonl"
   tail -1 "$dir/eval-validation.jsonl" > "$dir/eval-validation.json"
 fi
-for run in runs/smollm2-135m-rs runs/smollm2-135m-rs-sft "$dir"; do
+for run in runs/smollm2-135m-rs "$dir"; do
   if [ ! -s "$run/eval-train.json" ]; then
     scripts/eval-validation --memctl "$memctl" --adapter "$run/adapter.safetensors" --mode both \
       --count 16 --writer lines --split train --json > "$run/eval-train.jsonl"
