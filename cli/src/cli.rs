@@ -406,6 +406,13 @@ pub struct TrainRunArgs {
     /// the rest are generated as without them
     #[arg(long, default_value_t = 1.0, value_parser = share)]
     pub examples_share: f64,
+    /// With --examples: the share of general-mode trajectories among the generated
+    /// examples (and the teacher-forced validation), apart from the kept conversations'
+    /// draw. 0 fills in with question-mode oracle trajectories (and --evidence-share's
+    /// answers) only, so that generated oracle memories never teach the general writer
+    /// [default: --general-share]
+    #[arg(long, value_name = "SHARE", value_parser = share)]
+    pub generated_general_share: Option<f64>,
     /// Print each update as a JSON line instead of a progress bar
     #[arg(long)]
     pub json: bool,

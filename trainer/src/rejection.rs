@@ -391,9 +391,10 @@ pub fn read_groups(path: &Path) -> Result<Vec<Group>> {
 
 /// Training examples from samples files: each training index draws a kept conversation
 /// (with replacement, from the data seed) with probability `share`, else the generator's
-/// example of that index; validation stays the generator's, so that the teacher-forced
-/// scores of runs compare. A kept conversation is a general-mode one with the data's
-/// `general_share` of probability, else a question-mode one, whatever share of the kept
+/// example of that index (with the data's own `general_share`); validation stays the
+/// generator's, so that the teacher-forced scores of runs compare. A kept conversation is
+/// a general-mode one with `general_share` of probability, else a question-mode one,
+/// whatever share of the kept
 /// conversations each mode has: question documents have more steps, and a round that
 /// takes every kept conversation alike drifts toward question mode.
 pub struct SampledExamples {
@@ -401,11 +402,13 @@ pub struct SampledExamples {
     pub general: Vec<Conversation>,
     pub question: Vec<Conversation>,
     pub share: f64,
+    /// Probability that a kept conversation drawn is a general-mode one.
+    pub general_share: f64,
 }
 
 impl SampledExamples {
     /// The kept conversations of `files`; an error when none of them kept any.
-    pub fn open(data: TaskData, files: &[&Path], share: f64) -> Result<Self> {
+    pub fn open(data: TaskData, files: &[&Path], share: f64, general_share: f64) -> Result<Self> {
         let (mut general, mut question) = (Vec::new(), Vec::new());
         for file in files {
             for group in read_groups(file)? {
@@ -430,6 +433,7 @@ impl SampledExamples {
             general,
             question,
             share,
+            general_share,
         })
     }
 
@@ -458,8 +462,8 @@ impl Examples for SampledExamples {
         if split == Split::Validation || u >= self.share {
             return self.data.sequence(split, index);
         }
-        let general = !self.general.is_empty()
-            && (self.question.is_empty() || mode < self.data.config.general_share);
+        let general =
+            !self.general.is_empty() && (self.question.is_empty() || mode < self.general_share);
         let list = if general {
             &self.general
         } else {

@@ -3,7 +3,8 @@
 //! SIGKILL in a real child process resumes to the same parameters as a run that was
 //! never stopped; a trained adapter gives the trainer's logits in the engine, exports as
 //! GGUF and applies by default beside its base model. On the real tokenizer: update
-//! targets weigh what the memory did not hold.
+//! targets weigh what the memory did not hold, and kept conversations mix with generated
+//! examples of the modes asked for.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,9 +17,9 @@ use memagent_engine::{
     default_adapter_path, export_merged, sha256_file, Adapter, AdapterChoice, GgmlDType, GgufFile,
     LoadOptions, LocalModel,
 };
-use memagent_tasks::training::{DataConfig, Split};
+use memagent_tasks::training::{DataConfig, Mode, Split};
 use memagent_trainer::{
-    Examples, LoraConfig, Result, Run, Sequence, TaskData, TrainConfig, TrainModel,
+    Examples, LoraConfig, Result, Run, SampledExamples, Sequence, TaskData, TrainConfig, TrainModel,
 };
 
 #[allow(dead_code)]
@@ -486,4 +487,54 @@ fn update_targets_weigh_what_the_memory_did_not_hold() {
     // A final answer has no memory to copy: every token weighs 1.
     let answer = data.tokenize("msg", "Lucia.", None).unwrap();
     assert!(answer.weights.iter().all(|&w| w == 1.0));
+}
+
+#[test]
+fn kept_conversations_mix_with_generated_examples_of_the_modes_asked() {
+    let dir = temp("sampled");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("samples.jsonl");
+    let group = serde_json::json!({
+        "index": 0, "family": "chat", "mode": "general",
+        "samples": [{"score": 1.0, "noise_lines": 0, "memory": "Ada lives in Graz."}],
+        "selected": 0,
+        "conversations": [{"kind": "update", "message": "Text: Ada lives in Graz.",
+            "target": "Ada lives in Graz.", "memory_before": "No previous memory"}],
+    });
+    std::fs::write(&file, format!("{group}\n")).unwrap();
+    // Generated examples question mode only; kept conversations always general.
+    let mut data = task_data(3.0);
+    data.config.general_share = 0.0;
+    let generator = task_data(3.0);
+    let kept = generator
+        .tokenize(
+            "Text: Ada lives in Graz.",
+            "Ada lives in Graz.",
+            Some("No previous memory"),
+        )
+        .unwrap();
+    let sampled = SampledExamples::open(data, &[file.as_path()], 0.5, 1.0).unwrap();
+    let (mut from_file, mut generated) = (0, 0);
+    for index in 0..40 {
+        let seq = sampled.sequence(Split::Train, index).unwrap();
+        if seq.ids == kept.ids {
+            from_file += 1;
+            continue;
+        }
+        generated += 1;
+        let example = sampled.data.example(Split::Train, index).unwrap();
+        assert_eq!(example.mode, Mode::Question, "generated example {index}");
+        assert_eq!(
+            seq.ids,
+            sampled.data.sequence(Split::Train, index).unwrap().ids
+        );
+    }
+    assert!(
+        from_file >= 10 && generated >= 10,
+        "{from_file} kept, {generated} generated"
+    );
+    // Validation stays generated.
+    let v = sampled.sequence(Split::Validation, 0).unwrap();
+    assert_ne!(v.ids, kept.ids);
+    let _ = std::fs::remove_dir_all(&dir);
 }

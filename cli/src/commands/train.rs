@@ -102,7 +102,13 @@ fn train(global: &GlobalArgs, args: &TrainArgs) -> Result<()> {
         .iter()
         .map(|t| t.parse::<Target>())
         .collect::<Result<Vec<_>, _>>()?;
-    let data = task_data(&model_path, &a.data)?;
+    let mut data = task_data(&model_path, &a.data)?;
+    if let Some(share) = a.generated_general_share {
+        if a.examples.is_empty() {
+            bail!("--generated-general-share mixes generated examples with --examples; give a samples file or use --general-share");
+        }
+        data.config.general_share = share;
+    }
     let config = TrainConfig {
         lora: LoraConfig {
             rank: a.rank,
@@ -131,6 +137,7 @@ fn train(global: &GlobalArgs, args: &TrainArgs) -> Result<()> {
             if !a.examples.is_empty() {
                 d["examples"] = serde_json::json!(a.examples);
                 d["examples_share"] = a.examples_share.into();
+                d["examples_general_share"] = a.data.general_share.into();
             }
             d
         },
@@ -198,7 +205,7 @@ fn train(global: &GlobalArgs, args: &TrainArgs) -> Result<()> {
         run.train(&data, &stop, &mut on_event)?;
     } else {
         let files: Vec<&Path> = a.examples.iter().map(PathBuf::as_path).collect();
-        let sampled = SampledExamples::open(data, &files, a.examples_share)?;
+        let sampled = SampledExamples::open(data, &files, a.examples_share, a.data.general_share)?;
         if !global.quiet {
             eprintln!(
                 "training on {} kept conversations ({} general, {} question mode; drawn \
