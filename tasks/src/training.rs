@@ -526,6 +526,76 @@ static TRAIN: Patterns = Patterns {
             "The user's neighbour {name2} works as a {job}.",
             "What job does {name2} have?",
         ),
+        (
+            "Name's {name}, nice to meet you.",
+            "The user's name is {name}.",
+            "What is the user's name?",
+        ),
+        (
+            "You can write me down as {name}.",
+            "The user's name is {name}.",
+            "What is the user's name?",
+        ),
+        (
+            "I turn a year older on {date}.",
+            "The user's birthday is {date}.",
+            "When is the user's birthday?",
+        ),
+        (
+            "{date} is my birthday, so save the day.",
+            "The user's birthday is {date}.",
+            "When is the user's birthday?",
+        ),
+        (
+            "I've been renting a flat in {place} since spring.",
+            "The user lives in {place}.",
+            "Where does the user live?",
+        ),
+        (
+            "{place} is where I live.",
+            "The user lives in {place}.",
+            "Where does the user live?",
+        ),
+        (
+            "{food} gives me a rash, so none for me.",
+            "The user is allergic to {food}.",
+            "What is the user allergic to?",
+        ),
+        (
+            "I can't eat {food}, I'm allergic.",
+            "The user is allergic to {food}.",
+            "What is the user allergic to?",
+        ),
+        (
+            "{food} is the one thing I won't eat.",
+            "The user dislikes {food}.",
+            "What food does the user dislike?",
+        ),
+        (
+            "Nothing beats {food}, it's my favourite.",
+            "The user's favourite food is {food}.",
+            "What is the user's favourite food?",
+        ),
+        (
+            "My job? I'm a {job}.",
+            "The user works as a {job}.",
+            "What is the user's job?",
+        ),
+        (
+            "I've been a {job} for ten years.",
+            "The user works as a {job}.",
+            "What is the user's job?",
+        ),
+        (
+            "Over in {place} lives my {rel}, {name2}.",
+            "The user's {rel} {name2} lives in {place}.",
+            "Where does the user's {rel} live?",
+        ),
+        (
+            "We have a dog, {pet} is her name.",
+            "The user's dog is called {pet}.",
+            "What is the user's dog called?",
+        ),
     ],
     chat_updates: &[
         (
@@ -559,7 +629,7 @@ static TRAIN: Patterns = Patterns {
             "What is the user's favourite food?",
         ),
         (
-            "{name2}'s dog ran off, so {name2} got a new one and named it {pet}.",
+            "My {rel} {name2}'s dog ran off, so {name2} got a new one and named it {pet}.",
             "The user's {rel} {name2} has a dog called {pet}.",
             "What's the name of the dog {name2} keeps?",
         ),

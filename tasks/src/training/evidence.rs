@@ -280,7 +280,9 @@ fn chat(p: &Patterns, told: Told, rng: &mut StdRng) -> Answered {
                     .choose(rng)
                     .expect("flags");
                     let mut s = new.said.clone();
-                    if !flag.is_empty() && !s.starts_with("I ") && !s.starts_with("I'") {
+                    // "Actually, my sister …", but "Actually, I …" and "Actually, Lucia …".
+                    let named = pattern.0.starts_with('{');
+                    if !flag.is_empty() && !named && !s.starts_with("I ") && !s.starts_with("I'") {
                         s.replace_range(..1, &s[..1].to_lowercase());
                     }
                     format!("{flag}{s}")
