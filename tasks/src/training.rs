@@ -429,11 +429,22 @@ static TRAIN: Patterns = Patterns {
         "VAR {x} = {value}.",
         "Let {x} be {value}.",
         "{x} := {value}.",
+        "Assign {value} to {x}.",
+        "{x} is set to {value}.",
+        "Store {value} in {x}.",
     ],
-    copy: &["VAR {y} = VAR {x}.", "Let {y} be {x}.", "{y} := {x}."],
+    copy: &[
+        "VAR {y} = VAR {x}.",
+        "Let {y} be {x}.",
+        "{y} := {x}.",
+        "Copy {x} into {y}.",
+        "{y} takes the value of {x}.",
+        "Make {y} equal to {x}.",
+    ],
     ask_vars: &[
         "Find all variables that are assigned the value {value} in the text above.",
         "Which variables end up holding the value {value}?",
+        "List the variables that hold {value} at the end.",
     ],
     chat: &[
         (
