@@ -2,6 +2,9 @@
 //! prefill: a GEMM over many rows is far faster than per-row quantized dot products,
 //! while decode (one row) is bound by the bytes of weights read.
 
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{Device, Module, Tensor};
 
@@ -22,7 +25,7 @@ pub struct WeightPlan {
 enum Quantized {
     /// Q4_1 on CPU: the engine's own kernel.
     Q4_1(Q4_1Matrix),
-    Candle(QMatMul),
+    Candle(RowExact),
 }
 
 pub(crate) struct Linear {
@@ -45,7 +48,7 @@ impl Linear {
         };
         let quantized = match q4_1_matrix(&weight, device)? {
             Some(m) => Quantized::Q4_1(m),
-            None => Quantized::Candle(QMatMul::from_qtensor(decode_weight(weight, device)?)?),
+            None => Quantized::Candle(RowExact::new(Arc::new(decode_weight(weight, device)?))?),
         };
         Ok(Self {
             quantized,
@@ -69,7 +72,7 @@ impl Linear {
             GgmlDType::F32
         };
         let quantized =
-            Quantized::Candle(QMatMul::from_qtensor(QTensor::quantize(&weight, dtype)?)?);
+            Quantized::Candle(RowExact::new(Arc::new(QTensor::quantize(&weight, dtype)?))?);
         let dense = (plan.dense_prefill && device.is_cpu()).then_some(weight);
         Ok(Self {
             quantized,
@@ -120,7 +123,7 @@ impl Linear {
             }
             _ => match &self.quantized {
                 Quantized::Q4_1(m) => x.contiguous()?.apply_op1_no_bwd(m)?,
-                Quantized::Candle(m) => m.forward(&x.contiguous()?)?,
+                Quantized::Candle(m) => m.forward(x)?,
             },
         };
         Ok(match &self.bias {
@@ -128,6 +131,105 @@ impl Linear {
             None => y,
         })
     }
+}
+
+/// A quantized matrix product through candle in which no row depends on the others.
+/// candle's CPU kernels for some types take another path for several rows than for one
+/// (on x86, Q6_K is repacked into tiles for two rows or more, and Q8_0 with AVX-512 VNNI
+/// for every count), and another path may round differently. Whether a type and shape
+/// does is measured once per process ([`rows_exact`]); where it does, a product of a few
+/// rows (draft verification, a batch of sequences) is computed a row at a time, so that
+/// drafting and batching give each row exactly what one-token decoding gives it. Products
+/// of [`DENSE_MIN_ROWS`] rows or more (prefill) run whole.
+pub(crate) struct RowExact {
+    matmul: QMatMul,
+    per_row: bool,
+}
+
+impl RowExact {
+    pub(crate) fn new(weight: Arc<QTensor>) -> Result<Self> {
+        let (n, k) = weight.shape().dims2()?;
+        let per_row = weight.device().is_cpu() && !rows_exact(weight.dtype(), n, k)?;
+        Ok(Self {
+            matmul: QMatMul::from_arc(weight)?,
+            per_row,
+        })
+    }
+
+    /// `x`: (..., k) -> (..., n).
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.contiguous()?;
+        let dims = x.dims().to_vec();
+        let k = *dims.last().unwrap_or(&0);
+        let rows = x.elem_count() / k.max(1);
+        if !self.per_row || !(2..DENSE_MIN_ROWS).contains(&rows) {
+            return Ok(self.matmul.forward(&x)?);
+        }
+        let flat = x.reshape((rows, k))?;
+        let ys = (0..rows)
+            .map(|r| self.matmul.forward(&flat.narrow(0, r, 1)?))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let y = Tensor::cat(&ys, 0)?;
+        let mut out = dims;
+        *out.last_mut().expect("rank >= 1") = y.dim(1)?;
+        Ok(y.reshape(out)?)
+    }
+}
+
+/// Whether candle's CPU product on `dtype` weights of shape (`n`, `k`) gives every row of
+/// a product of up to [`DENSE_MIN_ROWS`] - 1 rows bit for bit what it gives that row
+/// alone. Measured on a matrix of the same type, row length and column count modulo 64
+/// (the kernels choose their path by type, by the column count's divisibility and by the
+/// row count) with fixed pseudo-random values, once per process for each such class.
+fn rows_exact(dtype: GgmlDType, n: usize, k: usize) -> Result<bool> {
+    /// Type, probe column count, row length.
+    type Class = (GgmlDType, usize, usize);
+    static SEEN: LazyLock<Mutex<HashMap<Class, bool>>> = LazyLock::new(Default::default);
+    let key = (dtype, 64 + n % 64, k);
+    if let Some(&exact) = SEEN.lock().expect("probe cache").get(&key) {
+        return Ok(exact);
+    }
+    let (n_probe, rows) = (key.1, DENSE_MIN_ROWS - 1);
+    let device = Device::Cpu;
+    let w = Tensor::from_vec(probe_values(n_probe * k, 1), (n_probe, k), &device)?;
+    let matmul = QMatMul::from_qtensor(QTensor::quantize(&w, dtype)?)?;
+    let x = Tensor::from_vec(probe_values(rows * k, 2), (rows, k), &device)?;
+    let all = bits(matmul.forward(&x)?)?;
+    let two = bits(matmul.forward(&x.narrow(0, 0, 2)?)?)?;
+    let mut exact = two == all[..2 * n_probe];
+    for r in 0..rows {
+        if !exact {
+            break;
+        }
+        let one = bits(matmul.forward(&x.narrow(0, r, 1)?)?)?;
+        exact = one == all[r * n_probe..(r + 1) * n_probe];
+    }
+    if !exact {
+        tracing::debug!("{dtype:?} ({n}, {k}): rows of a product are computed one at a time");
+    }
+    SEEN.lock().expect("probe cache").insert(key, exact);
+    Ok(exact)
+}
+
+/// Fixed pseudo-random values in [-1, 1).
+fn probe_values(count: usize, seed: u64) -> Vec<f32> {
+    (0..count as u64)
+        .map(|i| {
+            let h = (i ^ (seed << 40))
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                .rotate_left(29);
+            ((h >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// The bits of a tensor's values, for comparisons that admit no rounding.
+fn bits(t: Tensor) -> Result<Vec<u32>> {
+    Ok(t.flatten_all()?
+        .to_vec1::<f32>()?
+        .into_iter()
+        .map(f32::to_bits)
+        .collect())
 }
 
 /// Stacks quantized matrices of one type and row length into one (n1 + n2 + ..., k).
@@ -180,5 +282,43 @@ fn decode_weight(weight: QTensor, device: &Device) -> Result<QTensor> {
         Ok(QTensor::quantize(&dense, GgmlDType::Q8_0)?)
     } else {
         Ok(weight)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every weight type a GGUF file may hold, at shapes whose column count does and does
+    /// not divide the kernels' tiles: each row of a product of 2 to 15 rows is bit for bit
+    /// that row's product alone, as drafting and batching need.
+    #[test]
+    fn each_row_of_a_product_equals_its_product_alone() {
+        use GgmlDType::*;
+        let device = Device::Cpu;
+        let rows = DENSE_MIN_ROWS - 1;
+        for dtype in [
+            F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K,
+        ] {
+            for (n, k) in [(128, 512), (70, 256)] {
+                let w = Tensor::from_vec(probe_values(n * k, 7), (n, k), &device).unwrap();
+                let q = QTensor::quantize(&w, dtype).unwrap();
+                let m = RowExact::new(Arc::new(q)).unwrap();
+                let x = Tensor::from_vec(probe_values(rows * k, 8), (rows, k), &device).unwrap();
+                let alone: Vec<Vec<u32>> = (0..rows)
+                    .map(|r| bits(m.forward(&x.narrow(0, r, 1).unwrap()).unwrap()).unwrap())
+                    .collect();
+                for count in 2..=rows {
+                    let x = x.narrow(0, 0, count).unwrap();
+                    let all = bits(m.forward(&x).unwrap()).unwrap();
+                    for (r, one) in alone.iter().take(count).enumerate() {
+                        assert!(
+                            all[r * n..(r + 1) * n] == one[..],
+                            "{dtype:?} ({n}, {k}): row {r} of {count} differs from the row alone"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

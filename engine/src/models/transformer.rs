@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use candle_core::quantized::{QMatMul, QTensor};
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::quantized::QTensor;
+use candle_core::{DType, Device, Tensor};
 
 use super::attention::causal_attention;
-use super::linear::{Linear, WeightPlan, DENSE_MIN_ROWS};
+use super::linear::{Linear, RowExact, WeightPlan, DENSE_MIN_ROWS};
 use super::Config;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -34,7 +34,7 @@ pub struct Transformer {
     embed: Arc<QTensor>,
     blocks: Vec<Block>,
     norm: Tensor,
-    lm_head: QMatMul,
+    lm_head: RowExact,
     cos: Tensor,
     sin: Tensor,
     device: Device,
@@ -139,9 +139,9 @@ impl Transformer {
             )));
         }
         let lm_head = if gguf.has_tensor("output.weight") {
-            QMatMul::from_qtensor(gguf.tensor("output.weight", device)?)?
+            RowExact::new(Arc::new(gguf.tensor("output.weight", device)?))?
         } else {
-            QMatMul::from_arc(embed.clone())?
+            RowExact::new(embed.clone())?
         };
         let norm = gguf
             .tensor("output_norm.weight", device)?
