@@ -11,7 +11,7 @@
 #   runs/smollm2-135m-rs-3/run.sh      # from the repository root; resumes where it stopped
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-memctl=${MEMCTL:-target/debug/memctl}
+source runs/readings.sh
 dir=runs/smollm2-135m-rs-3
 start=runs/smollm2-135m-rs/adapter.safetensors
 cpu() { /usr/bin/time -f "%U %S %e" -a -o "$1" "${@:2}"; }
@@ -28,19 +28,6 @@ if [ ! -s "$dir/cpu-train.txt" ]; then
     --examples runs/smollm2-135m-rs/round1.jsonl --examples runs/smollm2-135m-rs-2/round2.jsonl \
     --examples "$dir/round3.jsonl" --examples-share 0.6 --json > /dev/null
 fi
-if [ ! -s "$dir/eval-validation.json" ]; then
-  scripts/eval-validation --memctl "$memctl" --adapter "$dir/adapter.safetensors" --mode both \
-    --count 16 --writer lines --json > "$dir/eval-validation.jsonl"
-  tail -1 "$dir/eval-validation.jsonl" > "$dir/eval-validation.json"
-fi
-if [ ! -s "$dir/eval-validation-rewrite.json" ]; then
-  scripts/eval-validation --memctl "$memctl" --adapter "$dir/adapter.safetensors" --mode general \
-    --count 16 --writer rewrite --json > "$dir/eval-validation-rewrite.jsonl"
-  tail -1 "$dir/eval-validation-rewrite.jsonl" > "$dir/eval-validation-rewrite.json"
-fi
-mkdir -p "$dir/eval"
-if [ ! -s "$dir/eval/chat-fact.txt" ]; then
-  MEMAGENT_ADAPTER="$PWD/$dir/adapter.safetensors" MEMAGENT_CHAT_SEEDS=1,2,3,4,5,6,7,8 \
-    cargo test -q -p memagent-cli --test daemon a_chat_log -- --nocapture > "$dir/eval/chat-fact.tmp" 2>&1
-  mv "$dir/eval/chat-fact.tmp" "$dir/eval/chat-fact.txt"
-fi
+validate "$dir" --mode both --count 16 --writer lines
+validate_as eval-validation-rewrite "$dir" --mode general --count 16 --writer rewrite
+chat_fact "$dir"
