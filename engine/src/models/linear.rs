@@ -135,24 +135,40 @@ impl Linear {
 
 /// A quantized matrix product through candle in which no row depends on the others.
 /// candle's CPU kernels for some types take another path for several rows than for one
-/// (on x86, Q6_K is repacked into tiles for two rows or more, and Q8_0 with AVX-512 VNNI
-/// for every count), and another path may round differently. Whether a type and shape
-/// does is measured once per process ([`rows_exact`]); where it does, a product of a few
-/// rows (draft verification, a batch of sequences) is computed a row at a time, so that
-/// drafting and batching give each row exactly what one-token decoding gives it. Products
-/// of [`DENSE_MIN_ROWS`] rows or more (prefill) run whole.
+/// (on x86, Q6_K is repacked into tiles for two rows or more), and f32 and f16 weights go
+/// through a GEMM chosen by shape; another path may round differently. How a type and
+/// shape behaves is measured once per process ([`Rows::of`]), and a product of a few rows
+/// (one-token decoding, draft verification, a batch of sequences) is computed so that
+/// each row gets exactly what one-token decoding gives it. Products of
+/// [`DENSE_MIN_ROWS`] rows or more (prefill) run whole.
 pub(crate) struct RowExact {
     matmul: QMatMul,
-    per_row: bool,
+    rows: Rows,
+}
+
+/// How a product of fewer than [`DENSE_MIN_ROWS`] rows is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rows {
+    /// Whole: every row count gives each row the same bits.
+    Whole,
+    /// A row at a time. (Where several rows agree with each other but not with one row
+    /// alone, as Q6_K's tiles on x86, computing a single row as two copies of itself
+    /// would let few-row products run whole; measured on Qwen2.5-Coder-0.5B, it cost
+    /// one-token decoding 12% and gained batches nothing.)
+    Each,
 }
 
 impl RowExact {
     pub(crate) fn new(weight: Arc<QTensor>) -> Result<Self> {
         let (n, k) = weight.shape().dims2()?;
-        let per_row = weight.device().is_cpu() && !rows_exact(weight.dtype(), n, k)?;
+        let rows = if weight.device().is_cpu() {
+            Rows::of(weight.dtype(), n, k)?
+        } else {
+            Rows::Whole
+        };
         Ok(Self {
             matmul: QMatMul::from_arc(weight)?,
-            per_row,
+            rows,
         })
     }
 
@@ -162,53 +178,62 @@ impl RowExact {
         let dims = x.dims().to_vec();
         let k = *dims.last().unwrap_or(&0);
         let rows = x.elem_count() / k.max(1);
-        if !self.per_row || !(2..DENSE_MIN_ROWS).contains(&rows) {
-            return Ok(self.matmul.forward(&x)?);
-        }
-        let flat = x.reshape((rows, k))?;
-        let ys = (0..rows)
-            .map(|r| self.matmul.forward(&flat.narrow(0, r, 1)?))
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        let y = Tensor::cat(&ys, 0)?;
+        let y = match self.rows {
+            Rows::Each if (2..DENSE_MIN_ROWS).contains(&rows) => {
+                let flat = x.reshape((rows, k))?;
+                let ys = (0..rows)
+                    .map(|r| self.matmul.forward(&flat.narrow(0, r, 1)?))
+                    .collect::<candle_core::Result<Vec<_>>>()?;
+                Tensor::cat(&ys, 0)?
+            }
+            _ => return Ok(self.matmul.forward(&x)?),
+        };
         let mut out = dims;
         *out.last_mut().expect("rank >= 1") = y.dim(1)?;
         Ok(y.reshape(out)?)
     }
 }
 
-/// Whether candle's CPU product on `dtype` weights of shape (`n`, `k`) gives every row of
-/// a product of up to [`DENSE_MIN_ROWS`] - 1 rows bit for bit what it gives that row
-/// alone. Measured on a matrix of the same type, row length and column count modulo 64
-/// (the kernels choose their path by type, by the column count's divisibility and by the
-/// row count) with fixed pseudo-random values, once per process for each such class.
-fn rows_exact(dtype: GgmlDType, n: usize, k: usize) -> Result<bool> {
-    /// Type, probe column count, row length.
-    type Class = (GgmlDType, usize, usize);
-    static SEEN: LazyLock<Mutex<HashMap<Class, bool>>> = LazyLock::new(Default::default);
-    let key = (dtype, 64 + n % 64, k);
-    if let Some(&exact) = SEEN.lock().expect("probe cache").get(&key) {
-        return Ok(exact);
-    }
-    let (n_probe, rows) = (key.1, DENSE_MIN_ROWS - 1);
-    let device = Device::Cpu;
-    let w = Tensor::from_vec(probe_values(n_probe * k, 1), (n_probe, k), &device)?;
-    let matmul = QMatMul::from_qtensor(QTensor::quantize(&w, dtype)?)?;
-    let x = Tensor::from_vec(probe_values(rows * k, 2), (rows, k), &device)?;
-    let all = bits(matmul.forward(&x)?)?;
-    let two = bits(matmul.forward(&x.narrow(0, 0, 2)?)?)?;
-    let mut exact = two == all[..2 * n_probe];
-    for r in 0..rows {
-        if !exact {
-            break;
+impl Rows {
+    /// How candle's CPU product on `dtype` weights of shape (`n`, `k`) treats the rows of
+    /// products of 1 to [`DENSE_MIN_ROWS`] - 1 rows. Measured on a matrix of the same
+    /// type, row length and column count modulo 64 (the kernels choose their path by
+    /// type, by the column count's divisibility and by the row count) with fixed
+    /// pseudo-random values, once per process for each such class.
+    fn of(dtype: GgmlDType, n: usize, k: usize) -> Result<Self> {
+        /// Type, probe column count, row length.
+        type Class = (GgmlDType, usize, usize);
+        static SEEN: LazyLock<Mutex<HashMap<Class, Rows>>> = LazyLock::new(Default::default);
+        let key = (dtype, 64 + n % 64, k);
+        if let Some(&rows) = SEEN.lock().expect("probe cache").get(&key) {
+            return Ok(rows);
         }
-        let one = bits(matmul.forward(&x.narrow(0, r, 1)?)?)?;
-        exact = one == all[r * n_probe..(r + 1) * n_probe];
+        let (n_probe, most) = (key.1, DENSE_MIN_ROWS - 1);
+        let device = Device::Cpu;
+        let w = Tensor::from_vec(probe_values(n_probe * k, 1), (n_probe, k), &device)?;
+        let matmul = QMatMul::from_qtensor(QTensor::quantize(&w, dtype)?)?;
+        let x = Tensor::from_vec(probe_values(most * k, 2), (most, k), &device)?;
+        let product = |from: usize, count: usize| -> Result<Vec<u32>> {
+            bits(matmul.forward(&x.narrow(0, from, count)?)?)
+        };
+        let all = product(0, most)?;
+        let row = |r: usize| &all[r * n_probe..(r + 1) * n_probe];
+        // Every count from 2 up gives the bits of the whole product's rows, and so does
+        // each row alone.
+        let mut whole = true;
+        for count in 2..most {
+            whole = whole && product(0, count)? == all[..count * n_probe];
+        }
+        for r in 0..most {
+            whole = whole && product(r, 1)? == row(r);
+        }
+        let rows = if whole { Rows::Whole } else { Rows::Each };
+        if rows != Rows::Whole {
+            tracing::debug!("{dtype:?} ({n}, {k}): products of a few rows run as {rows:?}");
+        }
+        SEEN.lock().expect("probe cache").insert(key, rows);
+        Ok(rows)
     }
-    if !exact {
-        tracing::debug!("{dtype:?} ({n}, {k}): rows of a product are computed one at a time");
-    }
-    SEEN.lock().expect("probe cache").insert(key, exact);
-    Ok(exact)
 }
 
 /// Fixed pseudo-random values in [-1, 1).
