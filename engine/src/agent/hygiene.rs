@@ -70,10 +70,45 @@ pub fn degenerate(line: &str, template: Template) -> Option<&'static str> {
     if is_chat_turn(key) {
         return Some("copy a chat turn");
     }
-    if template_lines(template).any(|l| l == key || line_key(l) == key) {
+    if template_lines(template).any(|l| l == key || line_key(l) == key)
+        || quotes_instructions(key, template)
+    {
         return Some("repeat the instructions");
     }
     None
+}
+
+/// Running words of the template's text (its slots left out) that a line of memory may
+/// not quote: "The section contains a reference to a section of an article that may
+/// contain the answer to the problem." says nothing the chunk said.
+const QUOTED_WORDS: usize = 6;
+
+/// Whether `line` holds [`QUOTED_WORDS`] running words of the template's own text.
+fn quotes_instructions(line: &str, template: Template) -> bool {
+    let words = |text: &str| -> Vec<String> {
+        text.split(|c: char| !(c.is_alphanumeric() || c == '\''))
+            .filter(|w| !w.is_empty())
+            .map(str::to_lowercase)
+            .collect()
+    };
+    let line = words(line);
+    if line.len() < QUOTED_WORDS {
+        return false;
+    }
+    let own: Vec<String> = template
+        .text
+        .split('{')
+        .map(|part| part.split_once('}').map_or(part, |(_, rest)| rest))
+        .flat_map(|part| {
+            // Each stretch of text between slots on its own: no run spans a slot.
+            let w = words(part);
+            (0..w.len().saturating_sub(QUOTED_WORDS - 1))
+                .map(|i| w[i..i + QUOTED_WORDS].join(" "))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    line.windows(QUOTED_WORDS)
+        .any(|run| own.contains(&run.join(" ")))
 }
 
 /// The template's own lines: its instructions and the markers around its slots.
@@ -312,6 +347,7 @@ mod tests {
 4. 23] user (Marisol): The ferry ran late earlier on.\n\
 5. The code is 1.11.1.1.1\n\
 6. Updated memory:\n\
+6. The section contains a reference to a section of an article that may contain the answer.\n\
 7. The budget is 1,000,000 euros.";
         let (text, note) = clean(memory, "old", UPDATE);
         assert_eq!(
@@ -333,7 +369,7 @@ mod tests {
         assert!(
             note.contains("2 lines that repeat a span of words")
                 && note.contains("3 lines that copy a chat turn")
-                && note.contains("1 line that repeat the instructions"),
+                && note.contains("2 lines that repeat the instructions"),
             "{note}"
         );
     }
@@ -362,8 +398,10 @@ mod tests {
             "The user's neighbour is Ingrid.",
             "Ingrid is the user's neighbour.",
             "The plan is the plan we agreed on in May.",
+            "The user decided to book the hotel for the team in May.",
         ] {
             assert_eq!(degenerate(line, GENERAL_UPDATE), None, "{line}");
+            assert_eq!(degenerate(line, UPDATE), None, "{line}");
         }
     }
 
