@@ -1,9 +1,12 @@
 # Free-running readings of a run's adapter, sourced by runs/*/run.sh; each is skipped when
 # its result is already there, so a stopped run resumes.
+#   cpu FILE COMMAND...                      -> appends "user system wall" seconds to FILE
 #   validate DIR [eval-validation options]   -> DIR/eval-validation.json(l)
 #   validate_as NAME DIR [options]           -> DIR/NAME.json(l)
 #   chat_fact DIR                            -> DIR/eval/chat-fact.txt
 memctl=${MEMCTL:-target/debug/memctl}
+
+cpu() { /usr/bin/time -f "%U %S %e" -a -o "$1" "${@:2}"; }
 
 validate_as() {
   local name="$1" dir="$2"

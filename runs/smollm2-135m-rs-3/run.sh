@@ -14,7 +14,6 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source runs/readings.sh
 dir=runs/smollm2-135m-rs-3
 start=runs/smollm2-135m-rs/adapter.safetensors
-cpu() { /usr/bin/time -f "%U %S %e" -a -o "$1" "${@:2}"; }
 
 if [ ! -s "$dir/cpu-sample.txt" ]; then
   cpu "$dir/cpu-sample.txt" "$memctl" -q --adapter "$start" train sample --out "$dir/round3.jsonl" \

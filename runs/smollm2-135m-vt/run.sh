@@ -11,7 +11,6 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source runs/readings.sh
 dir=runs/smollm2-135m-vt
 start=runs/smollm2-135m-rs/adapter.safetensors
-cpu() { /usr/bin/time -f "%U %S %e" -a -o "$1" "${@:2}"; }
 
 if [ ! -s "$dir/adapter.json" ]; then
   cpu "$dir/cpu-train.txt" "$memctl" -q train --out "$dir" --steps 40 --batch 4 --lr 3e-4 \
