@@ -103,13 +103,16 @@ pub enum Command {
     /// committed as a new memory version. Interrupted runs resume where they stopped.
     /// Ingesting the same file again appends only what is new.
     Ingest(IngestArgs),
-    /// Answer a question from a stream's memory and the passages a search finds for it:
-    /// one model call, however long the stream
+    /// Answer a question from the passages a search finds for it and the stream's
+    /// memory, citing the passages the answer comes from; the same cost however long
+    /// the stream
     ///
-    /// The prompt holds the latest general memory and the best passages of everything the
-    /// stream stored (BM25 and sentence embeddings, fused), within --evidence-tokens, so
-    /// it stays the same size however long the stream grows. --memory-only answers from
-    /// the memory alone; --deep reads the stored chunks again with the question.
+    /// The best passages of everything the stream stored (BM25 and sentence embeddings,
+    /// fused), within --evidence-tokens, are each asked the question in one batch, beside
+    /// the memory's lines on it: the newest passage that answers wins (every passage's
+    /// answer when the question asks for all), then the memory's, then "not known".
+    /// --memory-only answers from the memory alone; --deep reads the stored chunks again
+    /// with the question.
     Query(QueryArgs),
     /// Search everything a stream stored: passages ranked by words (BM25) and by meaning
     /// (sentence embeddings), fused by reciprocal rank
@@ -293,9 +296,10 @@ pub struct TrainDataOptions {
     /// Share of general-mode (question-free) trajectories
     #[arg(long, default_value_t = 0.35)]
     pub general_share: f64,
-    /// Share of examples that answer from passages (the prompt `memctl query` gives the
-    /// model: notes, passages oldest first, the question) in place of a trajectory's
-    /// steps: facts said once, changed later, never said, and lists of values
+    /// Share of examples that answer from one passage (the prompts `memctl query` gives
+    /// the model, one per passage found: the question and the passage; its answer, or
+    /// "not known") in place of a trajectory's steps, drawn from facts said once,
+    /// changed later, never said, and lists of values
     #[arg(long, default_value_t = 0.0, value_parser = share)]
     pub evidence_share: f64,
     /// How general-mode update steps write the memory: `rewrite` (the whole memory) or
@@ -599,7 +603,8 @@ pub struct QueryArgs {
     #[arg(long, conflicts_with = "deep")]
     pub memory_only: bool,
 
-    /// Tokens of passages the prompt may hold
+    /// Tokens of passages the answer may read, shared out among its prompts (one per
+    /// passage)
     #[arg(long, value_name = "TOKENS", default_value_t = memagent_store::EVIDENCE_TOKENS)]
     pub evidence_tokens: usize,
 
@@ -777,7 +782,8 @@ pub struct AskArgs {
     #[arg(long, conflicts_with = "direct")]
     pub memory_only: bool,
 
-    /// Tokens of passages the answer's prompt may hold
+    /// Tokens of passages the answer may read, shared out among its prompts (one per
+    /// passage)
     #[arg(long, value_name = "TOKENS", default_value_t = memagent_store::EVIDENCE_TOKENS)]
     pub evidence_tokens: usize,
 
@@ -1126,7 +1132,8 @@ pub struct BenchRulerArgs {
     /// Passages searched for the question (evidence and passages modes)
     #[arg(short = 'k', long, default_value_t = 8)]
     pub passages: usize,
-    /// Tokens of passages the answer's prompt may hold (evidence and passages modes)
+    /// Tokens of passages the answer may read, shared out among its prompts (evidence
+    /// and passages modes)
     #[arg(long, value_name = "TOKENS", default_value_t = memagent_store::EVIDENCE_TOKENS)]
     pub evidence_tokens: usize,
     /// Read each sample through the store: its document becomes the stream

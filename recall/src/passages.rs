@@ -356,6 +356,23 @@ pub fn focus(passage: &str, question: &str, keep: usize) -> String {
         .join(" … ")
 }
 
+/// The sentences of `passage` that share a word with `question`, in their order; the
+/// whole passage when none does. A small model asked for every value gives one per
+/// prompt, so a passage holding two is asked once per sentence.
+pub fn bearing_sentences<'a>(passage: &'a str, question: &str) -> Vec<&'a str> {
+    let all = sentences(passage);
+    let wanted = keys(question);
+    let bearing: Vec<&str> = all
+        .into_iter()
+        .filter(|s| keys(s).iter().any(|k| wanted.contains(k)))
+        .collect();
+    if bearing.is_empty() {
+        vec![passage.trim()]
+    } else {
+        bearing
+    }
+}
+
 /// The lines of a memory that bear on `question` (sharing the most words with it), at
 /// most `keep`, in the memory's order; `None` when no line shares a word. A small
 /// model answering beside passages copies whatever its notes hold, so notes about other
@@ -515,6 +532,21 @@ mod tests {
             assert_eq!(spans, whole.closed, "step {step}");
             assert_eq!(open, whole.open, "step {step}");
         }
+    }
+
+    #[test]
+    fn bearing_sentences_are_those_sharing_the_question_s_words() {
+        let p = "Rain all day. The hidden number for the Loire is 41. The hidden number \
+                 for the Loire is 7 … Keep in mind the Loire.";
+        let q = "Which hidden numbers were recorded for the Loire? List all of them.";
+        assert_eq!(
+            bearing_sentences(p, q),
+            [
+                "The hidden number for the Loire is 41.",
+                "The hidden number for the Loire is 7 … Keep in mind the Loire."
+            ]
+        );
+        assert_eq!(bearing_sentences(" Rain all day. ", q), ["Rain all day."]);
     }
 
     #[test]

@@ -41,14 +41,15 @@ pub use ingest::{
     general_answer, general_answers, DeepAnswer, Ingestor, StepOutcome, GENERAL_ANSWER,
     GENERAL_UPDATE,
 };
+pub use memagent_recall::passages::{bearing_sentences, relevant_notes};
 pub use memagent_recall::{Embedder, Hit, Recall};
 pub use records::{
     Author, ChunkRecord, Cursor, FileRecord, MemoryVersion, QuestionRecord, SegmentRecord,
     SourceRecord, StandingAnswer, StreamRecord, GENERAL,
 };
 pub use search::{
-    evidence_answers, evidence_block, index_lag, search, sync_all, sync_stream, unlabelled,
-    unmentioned, Evidence, EVIDENCE_TOKENS, MEANING_ONLY_SIMILARITY,
+    evidence_passages, index_lag, search, sync_all, sync_stream, unlabelled, unmentioned, Evidence,
+    EVIDENCE_TOKENS, MEANING_ONLY_SIMILARITY, NOTE_LINES,
 };
 pub use sources::{line_sources, LineSource};
 pub use transfer::{ExportRecord, EXPORT_FORMAT};

@@ -4,10 +4,8 @@
 
 use std::cell::RefCell;
 
-use memagent_engine::agent::{AnswerReport, MemoryAgent, TextTokenizer};
-use memagent_recall::passages::{
-    focus, lowercase_names, mentions, names, relevant_notes, shares_words,
-};
+use memagent_engine::agent::TextTokenizer;
+use memagent_recall::passages::{focus, lowercase_names, mentions, names, shares_words};
 use memagent_recall::{Hit, LogSource, Origin, Recall, SearchRequest, SyncReport};
 use serde::Serialize;
 
@@ -22,6 +20,24 @@ pub struct Evidence {
     /// The general memory version whose step read this passage's first byte; `None`
     /// while the memory has not read it yet.
     pub version: Option<u64>,
+    /// In an answer: what the model answered from this passage alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub said: Option<String>,
+    /// In an answer: whether the answer is drawn from this passage.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub cited: bool,
+}
+
+impl Evidence {
+    /// A passage found, not yet asked.
+    pub fn found(hit: Hit, version: Option<u64>) -> Self {
+        Self {
+            hit,
+            version,
+            said: None,
+            cited: false,
+        }
+    }
 }
 
 /// Indexes what `stream`'s log holds past what the index has read; `on_progress` sees
@@ -138,7 +154,7 @@ pub fn search(
                 Some(s) => store.version_reading(s, hit.start)?,
                 None => None,
             };
-            Ok(Evidence { hit, version })
+            Ok(Evidence::found(hit, version))
         })
         .collect()
 }
@@ -199,17 +215,16 @@ pub fn unmentioned(question: &str, found: &[Evidence], memory: &str) -> Option<S
 /// the question; the whole passage when none does).
 pub const FOCUS_SENTENCES: usize = 2;
 
-/// The passages of an answer prompt: the best of `evidence`, each cut to the sentences
-/// that bear on `question` ([`focus`](memagent_recall::passages::focus)), as many as
-/// fit in `budget` tokens of `tokenizer` (one that does not fit is skipped for a shorter
-/// one after it), numbered in log order (oldest first, so the latest word on a fact
-/// comes last). Returns the block and the passages it holds, in its order.
-pub fn evidence_block(
+/// The passages an answer reads: the best of `evidence`, each cut to the sentences that
+/// bear on `question` ([`focus`](memagent_recall::passages::focus)), as many as fit in
+/// `budget` tokens of `tokenizer` (one that does not fit is skipped for a shorter one
+/// after it), in log order (oldest first, so the latest word on a fact comes last).
+pub fn evidence_passages(
     tokenizer: &dyn TextTokenizer,
     question: &str,
     evidence: Vec<Evidence>,
     budget: usize,
-) -> Result<(String, Vec<Evidence>)> {
+) -> Result<Vec<(String, Evidence)>> {
     let mut chosen: Vec<(String, Evidence, usize)> = Vec::new();
     let mut used = 0;
     // When some passages name what the question names, the others are about something
@@ -239,9 +254,8 @@ pub fn evidence_block(
             continue;
         }
         let tokens = |text: &str| -> Result<usize> {
-            // Numbers take a few tokens; counted with a generous 10.
             Ok(tokenizer
-                .encode(&labelled(10, text))
+                .encode(text)
                 .map_err(|e| Error::Engine(e.to_string()))?
                 .len())
         };
@@ -259,39 +273,16 @@ pub fn evidence_block(
         }
     }
     chosen.sort_by_key(|(_, e, _)| (e.hit.stream_id, e.hit.start));
-    let block = chosen
-        .iter()
-        .enumerate()
-        .map(|(i, (text, _, _))| labelled(i + 1, text))
-        .collect::<String>();
-    let chosen: Vec<Evidence> = chosen.into_iter().map(|(_, e, _)| e).collect();
-    let block = if block.is_empty() {
-        "(none found)".to_string()
-    } else {
-        block.trim_end().to_string()
-    };
-    Ok((block, chosen))
+    Ok(chosen.into_iter().map(|(text, e, _)| (text, e)).collect())
 }
 
 /// Lines of the memory an answer prompt keeps: those sharing the most words with the
 /// question ([`relevant_notes`]).
 pub const NOTE_LINES: usize = 3;
 
-/// The notes an answer prompt shows for `question`: the memory's lines that bear on it,
-/// or "(none)".
-pub fn notes_for(memory: &str, question: &str) -> String {
-    relevant_notes(memory, question, NOTE_LINES).unwrap_or_else(|| "(none)".to_string())
-}
-
-/// One line of a passages block. A label in front ("Passage 2: …") rather than a bracket
-/// ("[2] …"): small models answered "[1]" for a whole answer.
-fn labelled(number: usize, text: &str) -> String {
-    format!("Passage {number}: {text}\n")
-}
-
 /// An answer without the passage labels a small model copies along with a passage's
 /// words ("Passage 1: The code is 4411." answers "The code is 4411."); the passages
-/// given are cited beside the answer.
+/// it comes from are cited beside the answer.
 pub fn unlabelled(answer: &str) -> String {
     answer
         .lines()
@@ -306,24 +297,6 @@ pub fn unlabelled(answer: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-/// Answers each question from the lines of `memory` that bear on it beside its passages
-/// block, decoded as one batch.
-pub fn evidence_answers(
-    agent: &MemoryAgent<'_>,
-    memory: &str,
-    items: &[(&str, &str)],
-) -> Result<Vec<AnswerReport>> {
-    let notes: Vec<String> = items.iter().map(|(q, _)| notes_for(memory, q)).collect();
-    let items: Vec<(&str, &str, &str)> = items
-        .iter()
-        .zip(&notes)
-        .map(|((q, e), n)| (*q, n.as_str(), *e))
-        .collect();
-    agent
-        .answer_with_evidence(&items)
-        .map_err(|e| Error::Engine(e.to_string()))
 }
 
 #[cfg(test)]
@@ -343,8 +316,8 @@ mod tests {
     }
 
     fn found(start: u64, text: &str, similarity: Option<f32>) -> Evidence {
-        Evidence {
-            hit: Hit {
+        Evidence::found(
+            Hit {
                 stream: "s".into(),
                 stream_id: 1,
                 start,
@@ -358,12 +331,12 @@ mod tests {
                 vector_rank: None,
                 similarity,
             },
-            version: None,
-        }
+            None,
+        )
     }
 
     #[test]
-    fn the_block_holds_each_sentence_once_oldest_first_within_its_budget() {
+    fn the_passages_hold_each_sentence_once_oldest_first_within_their_budget() {
         let q = "What is the code for the Loire?";
         let evidence = vec![
             // Best first, as the search ranks them.
@@ -383,36 +356,39 @@ mod tests {
             found(50, "Dense fog over the valley.", Some(0.1)),
             found(400, "The code for the Loire is 1017048.", None),
         ];
-        let (block, used) = evidence_block(&Words, q, evidence.clone(), 1000).unwrap();
+        let texts = |chosen: &[(String, Evidence)]| -> Vec<String> {
+            chosen.iter().map(|(t, _)| t.clone()).collect()
+        };
+        let chosen = evidence_passages(&Words, q, evidence.clone(), 1000).unwrap();
         assert_eq!(
-            block,
-            "Passage 1: The code for the Loire is 6607626.\n\
-             Passage 2: The code for the Loire is 1017048.\n\
-             Passage 3: The code for the Loire is 5363752."
+            texts(&chosen),
+            [
+                "The code for the Loire is 6607626.",
+                "The code for the Loire is 1017048.",
+                "The code for the Loire is 5363752."
+            ]
         );
-        let starts: Vec<u64> = used.iter().map(|e| e.hit.start).collect();
+        let starts: Vec<u64> = chosen.iter().map(|(_, e)| e.hit.start).collect();
         assert_eq!(starts, [100, 400, 900]);
         // A budget of two passages' words keeps the two best.
-        let (block, used) = evidence_block(&Words, q, evidence, 20).unwrap();
-        assert_eq!(used.len(), 2, "{block}");
+        let chosen = texts(&evidence_passages(&Words, q, evidence, 14).unwrap());
+        assert_eq!(chosen.len(), 2, "{chosen:?}");
         assert!(
-            block.contains("5363752") && block.contains("6607626"),
-            "{block}"
+            chosen[0].contains("6607626") && chosen[1].contains("5363752"),
+            "{chosen:?}"
         );
         // Another river's code shares the words but not the name.
         let other = vec![
             found(10, "The code for the Volga is 4690155.", None),
             found(400, "The code for the Loire is 1017048.", None),
         ];
-        let (block, _) = evidence_block(&Words, q, other.clone(), 100).unwrap();
-        assert_eq!(block, "Passage 1: The code for the Loire is 1017048.");
-        let (block, _) = evidence_block(&Words, "What is the code?", other, 100).unwrap();
-        assert!(
-            block.contains("Volga") && block.contains("Loire"),
-            "{block}"
-        );
-        let (block, used) = evidence_block(&Words, q, Vec::new(), 20).unwrap();
-        assert_eq!((block.as_str(), used.len()), ("(none found)", 0));
+        let chosen = texts(&evidence_passages(&Words, q, other.clone(), 100).unwrap());
+        assert_eq!(chosen, ["The code for the Loire is 1017048."]);
+        let chosen = texts(&evidence_passages(&Words, "What is the code?", other, 100).unwrap());
+        assert_eq!(chosen.len(), 2, "{chosen:?}");
+        assert!(evidence_passages(&Words, q, Vec::new(), 20)
+            .unwrap()
+            .is_empty());
     }
 
     #[test]
@@ -424,15 +400,5 @@ mod tests {
         assert_eq!(unlabelled("Passage 12: A.\nPassage 3: B."), "A.\nB.");
         assert_eq!(unlabelled("Passage one: A."), "Passage one: A.");
         assert_eq!(unlabelled("It is 4411."), "It is 4411.");
-    }
-
-    #[test]
-    fn notes_hold_the_memory_lines_about_the_question_or_say_none() {
-        let memory = "1. Ingrid lives in Porto.\n2. The user likes pasta.";
-        assert_eq!(
-            notes_for(memory, "Where does Ingrid live?"),
-            "1. Ingrid lives in Porto."
-        );
-        assert_eq!(notes_for(memory, "What is the wifi code?"), "(none)");
     }
 }

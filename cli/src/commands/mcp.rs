@@ -252,9 +252,15 @@ impl Shared {
         .pop()
         .context("no answer came back")?;
         let mut said = answer_text(&answer).trim().to_string();
-        if let Some(passages) = answer["passages"].as_array().filter(|p| !p.is_empty()) {
+        let cited: Vec<&Value> = answer["passages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["cited"] == true)
+            .collect();
+        if !cited.is_empty() {
             said.push_str("\n\nFrom:");
-            for (i, p) in passages.iter().enumerate() {
+            for (i, p) in cited.iter().enumerate() {
                 said.push_str(&format!(
                     "\n[{}] {}: {}",
                     i + 1,

@@ -73,7 +73,7 @@ pub fn document_evidence(
         })?;
         Ok(hits
             .into_iter()
-            .map(|hit| Evidence { hit, version: None })
+            .map(|hit| Evidence::found(hit, None))
             .collect())
     })();
     let _ = std::fs::remove_dir_all(&dir);
@@ -147,6 +147,25 @@ pub fn search(global: &GlobalArgs, args: &SearchArgs) -> Result<()> {
 }
 
 /// `stream bytes a..b · file:line · memory vN · score`, as a result's header.
+/// Where a passage is, short: its file and line (or its stream's bytes), and the chat
+/// turn's time when it has one.
+pub fn citation(p: &Value) -> String {
+    let mut at = match (p["source"].as_str(), p["line"].as_u64()) {
+        (Some(source), Some(line)) => format!("{source}:{line}"),
+        (Some(source), None) => source.to_string(),
+        _ => format!(
+            "{} bytes {}..{}",
+            p["stream"].as_str().unwrap_or_default(),
+            p["start"],
+            p["end"]
+        ),
+    };
+    if let Some(time) = p["time"].as_str() {
+        at.push_str(&format!(" ({time})"));
+    }
+    at
+}
+
 pub fn provenance(p: &Value) -> String {
     let mut parts = vec![format!(
         "{} bytes {}..{}",

@@ -239,7 +239,7 @@ pub fn query(global: &GlobalArgs, args: &QueryArgs) -> Result<()> {
     if args.json {
         return print_query_json(&args.stream, answers);
     }
-    let texts: Vec<String> = answers.iter().map(|a| answer_text(a).to_string()).collect();
+    let texts: Vec<String> = answers.iter().map(cited_answer).collect();
     print_answers(&args.questions, &texts)
 }
 
@@ -397,6 +397,17 @@ pub fn answer_text(answer: &serde_json::Value) -> &str {
         _ => "answer",
     };
     answer[key].as_str().unwrap_or_default()
+}
+
+/// An answer's text, then a line for each passage it cites ("from notes.md:3, …").
+fn cited_answer(answer: &serde_json::Value) -> String {
+    let mut text = answer_text(answer).trim().to_string();
+    for p in answer["passages"].as_array().into_iter().flatten() {
+        if p["cited"] == true {
+            text.push_str(&format!("\n  from {}", super::recall::citation(p)));
+        }
+    }
+    text
 }
 
 /// One question's answer alone; several, each under its question.

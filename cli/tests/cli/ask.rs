@@ -108,7 +108,7 @@ fn ask_answers_beside_the_document_s_passages_and_cites_them() {
     assert!(o.status.success(), "{}", stderr(&o));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["mode"], "evidence");
-    assert_eq!(v["templates"]["final"]["id"], "memagent-evidence-answer");
+    assert_eq!(v["templates"]["final"]["id"], "memagent-passage-answer");
     assert!(
         v["extracted"].as_str().unwrap().contains("4817263"),
         "{v:#}"

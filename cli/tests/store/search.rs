@@ -292,15 +292,26 @@ fn query_answers_from_memory_and_cited_passages_within_its_budget() {
                 .any(|p| p["text"].as_str().unwrap().contains("pinecone42")),
             "{answer:#}"
         );
-        assert_eq!(answer["template"]["id"], "memagent-evidence-answer");
+        assert_eq!(answer["template"]["id"], "memagent-passage-answer");
         assert_eq!(
             answer["version"], 0,
             "no memory yet: answered from the passages"
         );
         let prompt = answer["prompt_tokens"].as_u64().unwrap();
         prompts.push(prompt);
-        // Template, chat wrapping and question take under 250 tokens.
-        assert!(prompt <= 200 + 250, "{stream}: {prompt} prompt tokens");
+        // One prompt per passage: template, chat wrapping and question take under 150
+        // tokens each, beside the 200 tokens of passages they share out.
+        assert!(
+            prompt <= 200 + 150 * passages.len() as u64,
+            "{stream}: {prompt} prompt tokens for {} passages",
+            passages.len()
+        );
+        assert!(
+            passages
+                .iter()
+                .any(|p| p["cited"] == true && p["text"].as_str().unwrap().contains("pinecone42")),
+            "the answer cites the passage that says it: {answer:#}"
+        );
         assert!(
             answer["answer"].as_str().unwrap().contains("pinecone42"),
             "{answer:#}"

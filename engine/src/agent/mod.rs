@@ -22,9 +22,9 @@ use crate::sampling::SamplingParams;
 
 pub use backend::{Backend, Completion, TextTokenizer, Timings};
 pub use protocol::{
-    extract_answer, memory_text, FinalForm, Template, DIRECT_BOXED, DIRECT_EVAL, EVIDENCE_ANSWER,
-    FINAL_BOXED, FINAL_EVAL, GENERAL_ANSWER, GENERAL_COMPACT, GENERAL_LINES, GENERAL_UPDATE,
-    NO_MEMORY, UPDATE,
+    extract_answer, memory_text, FinalForm, Template, DIRECT_BOXED, DIRECT_EVAL, FINAL_BOXED,
+    FINAL_EVAL, GENERAL_ANSWER, GENERAL_COMPACT, GENERAL_LINES, GENERAL_UPDATE, NO_MEMORY,
+    PASSAGE_ANSWER, UPDATE,
 };
 pub use remote::{OpenAiBackend, RemoteOptions, RemoteTokenizer};
 
@@ -549,15 +549,19 @@ impl<'a> MemoryAgent<'a> {
         self.answer_batch(template, &messages)
     }
 
-    /// Answers from a memory beside the passages found for each question, `(question,
-    /// memory, numbered passages)` each, with [`EVIDENCE_ANSWER`], decoded as one batch.
-    pub fn answer_with_evidence(&self, items: &[(&str, &str, &str)]) -> Result<Vec<AnswerReport>> {
+    /// Answers with `template` filled with each `(question, memory, chunk)`, decoded as
+    /// one batch.
+    pub fn answer_filled(
+        &self,
+        template: Template,
+        items: &[(&str, &str, &str)],
+    ) -> Result<Vec<AnswerReport>> {
         let mut messages = Vec::with_capacity(items.len());
-        for (question, memory, passages) in items {
+        for (question, memory, chunk) in items {
             check_question(question)?;
-            messages.push(EVIDENCE_ANSWER.fill(question, memory, passages));
+            messages.push(template.fill(question, memory, chunk));
         }
-        self.answer_batch(EVIDENCE_ANSWER, &messages)
+        self.answer_batch(template, &messages)
     }
 
     fn answer_with(&self, template: Template, message: &str) -> Result<AnswerReport> {

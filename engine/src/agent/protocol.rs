@@ -44,12 +44,12 @@ pub const GENERAL_ANSWER: Template = Template {
     text: include_str!("templates/general-answer.txt"),
 };
 
-/// An answer from the general memory and the passages a search found for the question
-/// (`{chunk}`: the numbered passages).
-pub const EVIDENCE_ANSWER: Template = Template {
-    id: "memagent-evidence-answer",
-    version: 2,
-    text: include_str!("templates/evidence-answer.txt"),
+/// An answer from one passage (`{chunk}`) alone, or from the memory's notes in its
+/// place: recall asks each passage found for a question and keeps the newest answer.
+pub const PASSAGE_ANSWER: Template = Template {
+    id: "memagent-passage-answer",
+    version: 1,
+    text: include_str!("templates/passage-answer.txt"),
 };
 
 /// The memory-update step of MemAgent: problem + previous memory + next chunk.
@@ -243,7 +243,7 @@ mod tests {
 
     #[test]
     fn a_marker_the_template_repeats_is_filled_each_time() {
-        let out = EVIDENCE_ANSWER.fill("Who? {prompt}", "M", "[1] P");
+        let out = PASSAGE_ANSWER.fill("Who? {prompt}", "M", "P");
         assert!(out.starts_with("Question: Who? {prompt}\n"), "{out}");
         assert!(out.ends_with("Question: Who? {prompt}\nAnswer:\n"), "{out}");
         assert_eq!(out.matches("Who?").count(), 2);

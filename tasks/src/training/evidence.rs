@@ -1,19 +1,20 @@
-//! Answers with evidence: the prompt `memctl query` builds (the memory's notes on the
-//! question, then the passages a search found, oldest first) and the answer the
-//! passages support. The passages are written as the evidence block writes them
-//! ("Passage N: …", chat turns with their role and, now and then, their time), from the
-//! split's own sentence patterns:
+//! Answers with evidence: the prompts `memctl query` builds, one per passage a search
+//! found (or the memory's notes in a passage's place), each answered from that passage
+//! alone: what it says of the question, or "not known". Code then keeps the newest
+//! passage's answer, or every passage's for a list. The passages are written as the
+//! search finds them (chat turns with their role and, now and then, their time), from
+//! the split's own sentence patterns, drawn from a conversation or document:
 //!
 //! - `stated`: one passage says it, among passages about other people and things;
-//! - `changed`: a passage says it, a later one changes it (the later one is the answer),
-//!   with unrelated passages before, between and after, so that neither the first nor
-//!   the last passage is the rule;
+//! - `changed`: a passage says it, a later one changes it (each answers with its own
+//!   value), among unrelated passages;
 //! - `unknown`: the passages are about the same people but not what is asked;
-//! - `list`: several passages each give one value of a key (the answer lists them all,
-//!   in passage order) beside values of other keys;
+//! - `list`: several passages each give one value of a key beside values of other keys;
 //! - `single`: one value of a key beside other keys'.
+//!
+//! Half the examples ask a passage that answers, when the draw has one.
 
-use memagent_engine::agent::EVIDENCE_ANSWER;
+use memagent_engine::agent::PASSAGE_ANSWER;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::Rng;
@@ -32,7 +33,7 @@ pub const EVIDENCE_FAMILIES: [(&str, u32); 5] = [
     ("evidence-single", 1),
 ];
 
-/// The answer when no passage says (as the evidence template asks).
+/// The answer when the passage does not say (as the passage template asks).
 const NOT_KNOWN: &str = "not known";
 
 /// A chat fact said by the user: what was said, the answer sentence and the question.
@@ -177,9 +178,7 @@ pub(super) fn evidence_example(p: &Patterns, rng: &mut StdRng) -> Example {
     let Answered {
         question,
         passages,
-        answer,
-        values,
-        stale,
+        own,
     } = match family {
         "evidence-list" => keyed(p, true, rng),
         "evidence-single" => keyed(p, false, rng),
@@ -187,41 +186,49 @@ pub(super) fn evidence_example(p: &Patterns, rng: &mut StdRng) -> Example {
         "evidence-unknown" => chat(p, Told::Not, rng),
         _ => chat(p, Told::Once, rng),
     };
-    let notes = if rng.random_bool(0.25) {
-        // A memory line about someone else.
+    let answering: Vec<usize> = (0..own.len()).filter(|&i| own[i].is_some()).collect();
+    let (passage, target, values) = if rng.random_bool(0.15) {
+        // The memory's notes in a passage's place: a line about someone else.
         let pattern = *p.chat.choose(rng).expect("chat");
         let name = p.people.choose(rng).expect("people");
-        chat_fact(p, pattern, name, RELATIONS.choose(rng).expect("r"), rng).answer
+        let notes = chat_fact(p, pattern, name, RELATIONS.choose(rng).expect("r"), rng).answer;
+        (notes, NOT_KNOWN.to_string(), Vec::new())
     } else {
-        "(none)".to_string()
+        let i = match answering.choose(rng) {
+            Some(&i) if rng.random_bool(0.5) => i,
+            _ => rng.random_range(0..passages.len()),
+        };
+        match &own[i] {
+            Some((answer, value)) => (passages[i].clone(), answer.clone(), vec![value.clone()]),
+            None => (passages[i].clone(), NOT_KNOWN.to_string(), Vec::new()),
+        }
     };
-    let block = passages
+    // Values other passages give, which this one's answer must not.
+    let stale = own
         .iter()
-        .enumerate()
-        .map(|(i, text)| format!("Passage {}: {text}", i + 1))
-        .collect::<Vec<_>>()
-        .join("\n");
+        .flatten()
+        .map(|(_, v)| v.clone())
+        .filter(|v| !values.contains(v) && !passage.contains(v.as_str()))
+        .collect();
     Example {
         family,
         mode: Mode::General,
         kind: "evidence",
-        template: EVIDENCE_ANSWER,
-        message: EVIDENCE_ANSWER.fill(&question, &notes, &block),
-        target: answer,
+        template: PASSAGE_ANSWER,
+        message: PASSAGE_ANSWER.fill(&question, "", &passage),
+        target,
         memory_before: None,
         values,
         stale,
     }
 }
 
-/// A question, the passages for it and the answer they support, with the values it
-/// states and the earlier ones it must not.
+/// A question, the passages for it, and what each of them alone answers.
 struct Answered {
     question: String,
     passages: Vec<String>,
-    answer: String,
-    values: Vec<String>,
-    stale: Vec<String>,
+    /// Each passage's own answer and the value it states; `None`: it does not say.
+    own: Vec<Option<(String, String)>>,
 }
 
 /// What the chat passages tell of the fact asked about.
@@ -255,11 +262,12 @@ fn chat(p: &Patterns, told: Told, rng: &mut StdRng) -> Answered {
     }
     let mut turns = Turns {
         passages: Vec::new(),
+        own: Vec::new(),
         day: rng.random_range(0..300u32),
         others,
     };
     let key = value_key(pattern.1);
-    let (answer, stated, stale) = match told {
+    match told {
         Told::Changed => {
             // The same slot again with a new value, as a change.
             // The same subject with another value: said in a change's own words when
@@ -289,26 +297,23 @@ fn chat(p: &Patterns, told: Told, rng: &mut StdRng) -> Answered {
                 }
             };
             turns.filler(p, 2, rng);
-            turns.say(&fact.said, rng);
+            turns.say(&fact.said, Some((fact.answer, values.get(key))), rng);
             turns.filler(p, 2, rng);
-            turns.say(&said, rng);
+            turns.say(&said, Some((new.answer, new_values.get(key))), rng);
             turns.filler(p, 2, rng);
-            (new.answer, vec![new_values.get(key)], vec![values.get(key)])
         }
         Told::Not => {
             turns.filler(p, 4, rng);
             if turns.passages.is_empty() {
-                turns.say(&chatter(p, rng), rng);
+                turns.say(&chatter(p, rng), None, rng);
             }
-            (NOT_KNOWN.to_string(), Vec::new(), Vec::new())
         }
         Told::Once => {
             turns.filler(p, 3, rng);
-            turns.say(&fact.said, rng);
+            turns.say(&fact.said, Some((fact.answer, values.get(key))), rng);
             turns.filler(p, 3, rng);
-            (fact.answer, vec![values.get(key)], Vec::new())
         }
-    };
+    }
     // Asked in the user's own words now and then ("Where does my sister live?").
     let question = if rng.random_bool(0.4) {
         fact.question.replace("the user's ", "my ")
@@ -318,24 +323,25 @@ fn chat(p: &Patterns, told: Told, rng: &mut StdRng) -> Answered {
     Answered {
         question,
         passages: turns.passages,
-        answer,
-        values: stated,
-        stale,
+        own: turns.own,
     }
 }
 
 /// Chat turns as passages, days apart.
 struct Turns {
     passages: Vec<String>,
+    /// What each passage answers of the question asked.
+    own: Vec<Option<(String, String)>>,
     day: u32,
     /// Facts about other people and things, said as filler.
     others: Vec<ChatFact>,
 }
 
 impl Turns {
-    fn say(&mut self, text: &str, rng: &mut StdRng) {
+    fn say(&mut self, text: &str, own: Option<(String, String)>, rng: &mut StdRng) {
         self.day += rng.random_range(1..40);
         self.passages.push(turn(text, self.day, rng));
+        self.own.push(own);
     }
 
     /// Up to `max` turns of other facts and small talk.
@@ -345,7 +351,7 @@ impl Turns {
                 Some(o) if rng.random_bool(0.7) => o.said,
                 _ => chatter(p, rng),
             };
-            self.say(&text, rng);
+            self.say(&text, None, rng);
         }
     }
 }
@@ -395,12 +401,10 @@ fn keyed(p: &Patterns, list: bool, rng: &mut StdRng) -> Answered {
         order.swap(i, rng.random_range(0..=i));
     }
     let mut passages = Vec::new();
-    let mut values = Vec::new();
+    let mut own = Vec::new();
     for i in order {
         let (relevant, text, value) = &facts[i];
-        if *relevant {
-            values.push(value.clone());
-        }
+        own.push(relevant.then(|| (format!("The {kind} for {key} is {value}."), value.clone())));
         let fillers = [REPORTS, SMALL_TALK];
         let around = sentence(fillers.choose(rng).expect("fillers"), rng);
         passages.push(match rng.random_range(0..3) {
@@ -414,17 +418,9 @@ fn keyed(p: &Patterns, list: bool, rng: &mut StdRng) -> Answered {
     } else {
         p.ask_one.choose(rng).expect("ask_one")
     };
-    let question = fill(pattern, &[("kind", kind), ("key", key)]);
-    let answer = match values.as_slice() {
-        [one] => format!("The {kind} for {key} is {one}."),
-        [init @ .., last] => format!("The {kind}s for {key} are {} and {last}.", init.join(", ")),
-        [] => NOT_KNOWN.to_string(),
-    };
     Answered {
-        question,
+        question: fill(pattern, &[("kind", kind), ("key", key)]),
         passages,
-        answer,
-        values,
-        stale: Vec::new(),
+        own,
     }
 }
