@@ -373,41 +373,6 @@ pub fn bearing_sentences<'a>(passage: &'a str, question: &str) -> Vec<&'a str> {
     }
 }
 
-/// Whether `answer` reads as drawn from `passage`: it adds words to the `question`'s
-/// (stop words aside, by their first six letters), one of them at least is the
-/// passage's, every number it gives is the passage's (or the question's), and every
-/// name it gives ([`names`]) starts as a word of the passage does (its first four
-/// letters: a small model misspells names it copies). A small model asked about a
-/// passage that does not say makes an answer up ("a password used to access the
-/// internet", "Ingrid's dog is called Pepper") as often as it answers "not known"; such
-/// an answer is not the passage's, while one that copies the passage and adds a phrase
-/// of its own still is.
-pub fn supported(answer: &str, passage: &str, question: &str) -> bool {
-    let asked = keys(question);
-    let have = keys(passage);
-    let added: Vec<String> = keys(answer)
-        .into_iter()
-        .filter(|k| !asked.contains(k))
-        .collect();
-    let words = |t: &str| -> Vec<String> {
-        t.split(|c: char| !c.is_alphanumeric())
-            .filter(|w| !w.is_empty())
-            .map(str::to_lowercase)
-            .collect()
-    };
-    let (passage_words, asked_words) = (words(passage), words(question));
-    let prefix = |w: &str| w.chars().take(4).collect::<String>();
-    added.iter().any(|k| have.contains(k))
-        && words(answer)
-            .iter()
-            .filter(|w| w.chars().any(|c| c.is_ascii_digit()))
-            .all(|w| passage_words.contains(w) || asked_words.contains(w))
-        && names(answer).iter().all(|n| {
-            let n = prefix(&n.to_lowercase());
-            passage_words.iter().any(|w| prefix(w) == n)
-        })
-}
-
 /// The lines of a memory that bear on `question` (sharing the most words with it), at
 /// most `keep`, in the memory's order; `None` when no line shares a word. A small
 /// model answering beside passages copies whatever its notes hold, so notes about other
@@ -567,30 +532,6 @@ mod tests {
             assert_eq!(spans, whole.closed, "step {step}");
             assert_eq!(open, whole.open, "step {step}");
         }
-    }
-
-    #[test]
-    fn an_answer_is_supported_by_the_words_of_its_passage() {
-        let q = "What is the name of Dario's dog?";
-        let p = "user: Dario's old dog passed away; the new puppy is called Mochi.";
-        assert!(supported("The new puppy is called Mochi.", p, q));
-        assert!(supported("Mochi", p, q));
-        // A value the passage never gave, or words of its own.
-        assert!(!supported("Dario's old dog is called Pepper.", p, q));
-        assert!(!supported(
-            "Dario's dog is a character in a television show.",
-            p,
-            q
-        ));
-        // Nothing beyond the question's words.
-        assert!(!supported("The name of Dario's dog.", p, q));
-        // A phrase of its own beside the passage's words, and a misspelt name.
-        assert!(supported("Mochi is a puppy, loved by all.", p, q));
-        assert!(supported("The new puppy is called Mochii.", p, q));
-        let p = "Keep in mind that the hidden number recorded for the Loire is 3661553.";
-        let q = "Which hidden numbers were recorded for the Loire?";
-        assert!(supported("The hidden number is 3661553.", p, q));
-        assert!(!supported("The hidden number is 3661558.", p, q));
     }
 
     #[test]

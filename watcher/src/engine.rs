@@ -226,8 +226,7 @@ pub fn serve(
 
 /// Each question answered from its passages, one prompt per passage
 /// ([`PASSAGE_ANSWER`]), and from the memory's notes that bear on it, all decoded as one
-/// batch; a reply counts only when its words are its passage's
-/// ([`memagent_store::supported`]). A question asking for every value ("list all …") gets the answers of every
+/// batch. A question asking for every value ("list all …") gets the answers of every
 /// passage that says, oldest first; any other question gets the newest passage's answer
 /// (a fact said again later replaces what was said before), then the notes', then "not
 /// known". A question that names someone or something that neither the passages found
@@ -296,26 +295,26 @@ pub fn answer_with_evidence(
             continue;
         }
         let mut report = made_answer(String::new());
-        // What a prompt's reply says, when it says something its text supports.
-        let mut said = |reply: AnswerReport, text: &str| {
+        let mut said = |reply: AnswerReport| {
             report.prompt_tokens += reply.prompt_tokens;
             report.completion_tokens += reply.completion_tokens;
             report.seconds = reply.seconds;
             report.timings = reply.timings;
             report.stop_reason = reply.stop_reason;
-            let answer = first_line(&reply.answer);
-            tracing::debug!("{question:?} from {text:?}: {answer:?}");
-            Some(answer).filter(|a| !abstains(a) && memagent_store::supported(a, text, question))
+            Some(first_line(&reply.answer)).filter(|s| !abstains(s))
         };
         let units: Vec<Option<String>> = a
             .units
             .iter()
-            .map(|(_, text)| said(replies.next().expect("one reply per passage"), text))
+            .map(|(_, text)| {
+                let reply = replies.next().expect("one reply per passage");
+                tracing::debug!("{question:?} from {text:?}: {:?}", reply.answer);
+                said(reply)
+            })
             .collect();
         let from_notes = a
             .notes
-            .as_deref()
-            .and_then(|notes| said(replies.next().expect("one reply for the notes"), notes));
+            .and_then(|_| said(replies.next().expect("one reply for the notes")));
         let unit_said: Vec<Option<&str>> = units.iter().map(Option::as_deref).collect();
         let (answer, cited) = chosen_answer(question, &unit_said, from_notes);
         let mut passages = a.passages;
