@@ -1,4 +1,6 @@
-//! Resolution of flags, environment and the configuration file into settings.
+//! Resolution of flags, environment and the configuration file into one settings value:
+//! [`Settings::resolve`] reads the environment and the configuration file once, at
+//! start, and every command gets the result.
 
 use std::path::{Path, PathBuf};
 
@@ -13,7 +15,7 @@ use crate::cli::{BackendKind, GlobalArgs};
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 /// The configuration file (TOML). Every key is optional.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
     /// Path of the GGUF model.
@@ -39,7 +41,7 @@ pub struct ConfigFile {
     pub proxy: Option<ProxyConfig>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProxyConfig {
     /// The proxy's TCP address (`PORT` alone binds 127.0.0.1).
@@ -53,7 +55,7 @@ pub struct ProxyConfig {
     pub upstream_api_key_env: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BackendConfig {
     /// `local` or `openai`.
@@ -63,7 +65,7 @@ pub struct BackendConfig {
     pub context_tokens: Option<usize>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProfileConfig {
     pub chunk_tokens: Option<usize>,
@@ -73,7 +75,7 @@ pub struct ProfileConfig {
     pub writer: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DaemonConfig {
     /// Seconds without new content before a partial chunk is read [default: 30].
@@ -150,11 +152,6 @@ impl ConfigFile {
         Ok(())
     }
 
-    /// The configuration `--config` names, else the default file when it exists.
-    pub fn current(global: &GlobalArgs) -> Result<Self> {
-        Self::load(global.config.as_deref())
-    }
-
     fn load(explicit: Option<&Path>) -> Result<Self> {
         let path = match explicit {
             Some(p) => p.to_path_buf(),
@@ -175,37 +172,145 @@ impl ConfigFile {
     }
 }
 
-/// Finds the model: `--model`, then `MEMAGENT_MODEL`, then the config file, then the
-/// default file in `./models`, beside the executable's checkout, or the user data folder.
-pub fn model_path(global: &GlobalArgs) -> Result<PathBuf> {
-    let chosen = match &global.model {
-        Some(p) => Some((p.clone(), "--model")),
-        None => match std::env::var_os("MEMAGENT_MODEL").filter(|v| !v.is_empty()) {
-            Some(p) => Some((PathBuf::from(p), "MEMAGENT_MODEL")),
-            None => ConfigFile::load(global.config.as_deref())?
-                .model
-                .map(|p| (p, "the configuration file")),
-        },
-    };
-    if let Some((path, source)) = chosen {
-        if !path.is_file() {
-            bail!(
-                "model not found at {} (from {source}); check the path",
-                path.display()
-            );
+/// Flags, environment and the configuration file, resolved once: what every command
+/// reads its model, embedder, data directory and configuration from. Derefs to the
+/// global flags.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    args: GlobalArgs,
+    /// The configuration file, read and parsed at start; its error is reported by the
+    /// first command that needs it, so a broken file stops only those.
+    config: std::result::Result<ConfigFile, String>,
+    /// `MEMAGENT_MODEL` and `MEMAGENT_DATA_DIR` as they were at start (empty: unset).
+    model_env: Option<PathBuf>,
+    data_dir_env: Option<PathBuf>,
+}
+
+impl std::ops::Deref for Settings {
+    type Target = GlobalArgs;
+
+    fn deref(&self) -> &GlobalArgs {
+        &self.args
+    }
+}
+
+impl Settings {
+    /// Reads the environment and the configuration file (`--config`, else the default
+    /// file when it exists) once.
+    pub fn resolve(args: GlobalArgs) -> Self {
+        let env = |name: &str| {
+            std::env::var_os(name)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        Self {
+            config: ConfigFile::load(args.config.as_deref()).map_err(|e| format!("{e:#}")),
+            model_env: env("MEMAGENT_MODEL"),
+            data_dir_env: env("MEMAGENT_DATA_DIR"),
+            args,
         }
-        return Ok(path);
     }
-    let candidates = default_model_candidates();
-    if let Some(found) = candidates.iter().find(|p| p.is_file()) {
-        return Ok(found.clone());
+
+    /// The configuration file's settings (every key unset when there is no file); an
+    /// error when the file cannot be read or is invalid, naming the file and the key.
+    pub fn config(&self) -> Result<&ConfigFile> {
+        self.config.as_ref().map_err(|e| anyhow::anyhow!("{e}"))
     }
-    let looked: Vec<String> = candidates.iter().map(|p| p.display().to_string()).collect();
-    bail!(
-        "model not found (looked in {}); run scripts/fetch-model in the memagent checkout, \
-         or pass --model PATH",
-        looked.join(", ")
-    )
+
+    /// The model: `--model`, then `MEMAGENT_MODEL`, then the config file, then the
+    /// default file in `./models`, beside the executable's checkout, or the user data
+    /// folder.
+    pub fn model_path(&self) -> Result<PathBuf> {
+        let chosen = match (&self.args.model, &self.model_env) {
+            (Some(p), _) => Some((p.clone(), "--model")),
+            (None, Some(p)) => Some((p.clone(), "MEMAGENT_MODEL")),
+            (None, None) => self
+                .config()?
+                .model
+                .clone()
+                .map(|p| (p, "the configuration file")),
+        };
+        if let Some((path, source)) = chosen {
+            if !path.is_file() {
+                bail!(
+                    "model not found at {} (from {source}); check the path",
+                    path.display()
+                );
+            }
+            return Ok(path);
+        }
+        let candidates = default_model_candidates();
+        if let Some(found) = candidates.iter().find(|p| p.is_file()) {
+            return Ok(found.clone());
+        }
+        let looked: Vec<String> = candidates.iter().map(|p| p.display().to_string()).collect();
+        bail!(
+            "model not found (looked in {}); run scripts/fetch-model in the memagent \
+             checkout, or pass --model PATH",
+            looked.join(", ")
+        )
+    }
+
+    /// The sentence embedder: `--embedder` (or `MEMAGENT_EMBEDDER`), then the config
+    /// file, then `models/all-MiniLM-L6-v2/` where the model is looked for. `None` when
+    /// asked for `none`: search by words alone.
+    pub fn embedder_dir(&self) -> Result<Option<PathBuf>> {
+        let chosen = match &self.args.embedder {
+            Some(e) => Some((e.clone(), "--embedder or MEMAGENT_EMBEDDER")),
+            None => self
+                .config()?
+                .embedder
+                .clone()
+                .map(|e| (e, "the configuration file")),
+        };
+        if let Some((choice, source)) = chosen {
+            if choice == "none" {
+                return Ok(None);
+            }
+            let dir = PathBuf::from(choice);
+            if !dir.join("model.safetensors").is_file() {
+                bail!(
+                    "embedder not found at {} (from {source}): it needs model.safetensors, \
+                     tokenizer.json and config.json; run scripts/fetch-model, or pass \
+                     --embedder none to search by words alone",
+                    dir.display()
+                );
+            }
+            return Ok(Some(dir));
+        }
+        let candidates: Vec<PathBuf> = default_model_candidates()
+            .into_iter()
+            .filter_map(|p| Some(p.parent()?.join(DEFAULT_EMBEDDER_DIR)))
+            .collect();
+        if let Some(found) = candidates
+            .iter()
+            .find(|p| p.join("model.safetensors").is_file())
+        {
+            return Ok(Some(found.clone()));
+        }
+        let looked: Vec<String> = candidates.iter().map(|p| p.display().to_string()).collect();
+        bail!(
+            "sentence embedder not found (looked in {}); run scripts/fetch-model in the \
+             memagent checkout, pass --embedder DIR, or --embedder none to search by words \
+             alone",
+            looked.join(", ")
+        )
+    }
+
+    /// The data directory: `--data-dir`, then `MEMAGENT_DATA_DIR`, then the config file,
+    /// then `$XDG_DATA_HOME/memagent/data`.
+    pub fn data_dir(&self) -> Result<PathBuf> {
+        if let Some(dir) = self.args.data_dir.as_ref().or(self.data_dir_env.as_ref()) {
+            return Ok(dir.clone());
+        }
+        if let Some(dir) = &self.config()?.data_dir {
+            return Ok(dir.clone());
+        }
+        match dirs::data_dir() {
+            Some(data) => Ok(data.join("memagent").join("data")),
+            None => bail!("no data directory: pass --data-dir DIR or set MEMAGENT_DATA_DIR"),
+        }
+    }
 }
 
 fn default_model_candidates() -> Vec<PathBuf> {
@@ -235,67 +340,6 @@ fn default_model_candidates() -> Vec<PathBuf> {
 /// Folder of the default sentence embedder, as `scripts/fetch-model` installs it.
 pub const DEFAULT_EMBEDDER_DIR: &str = "all-MiniLM-L6-v2";
 
-/// Finds the sentence embedder: `--embedder` (or `MEMAGENT_EMBEDDER`), then the config
-/// file, then `models/all-MiniLM-L6-v2/` where the model is looked for. `None` when
-/// asked for `none`: search by words alone.
-pub fn embedder_dir(global: &GlobalArgs) -> Result<Option<PathBuf>> {
-    let chosen = match &global.embedder {
-        Some(e) => Some((e.clone(), "--embedder or MEMAGENT_EMBEDDER")),
-        None => ConfigFile::load(global.config.as_deref())?
-            .embedder
-            .map(|e| (e, "the configuration file")),
-    };
-    if let Some((choice, source)) = chosen {
-        if choice == "none" {
-            return Ok(None);
-        }
-        let dir = PathBuf::from(choice);
-        if !dir.join("model.safetensors").is_file() {
-            bail!(
-                "embedder not found at {} (from {source}): it needs model.safetensors, \
-                 tokenizer.json and config.json; run scripts/fetch-model, or pass \
-                 --embedder none to search by words alone",
-                dir.display()
-            );
-        }
-        return Ok(Some(dir));
-    }
-    let candidates: Vec<PathBuf> = default_model_candidates()
-        .into_iter()
-        .filter_map(|p| Some(p.parent()?.join(DEFAULT_EMBEDDER_DIR)))
-        .collect();
-    if let Some(found) = candidates
-        .iter()
-        .find(|p| p.join("model.safetensors").is_file())
-    {
-        return Ok(Some(found.clone()));
-    }
-    let looked: Vec<String> = candidates.iter().map(|p| p.display().to_string()).collect();
-    bail!(
-        "sentence embedder not found (looked in {}); run scripts/fetch-model in the memagent \
-         checkout, pass --embedder DIR, or --embedder none to search by words alone",
-        looked.join(", ")
-    )
-}
-
-/// The data directory: `--data-dir`, then `MEMAGENT_DATA_DIR`, then the config file, then
-/// `$XDG_DATA_HOME/memagent/data`.
-pub fn data_dir(global: &GlobalArgs) -> Result<PathBuf> {
-    if let Some(dir) = &global.data_dir {
-        return Ok(dir.clone());
-    }
-    if let Some(dir) = std::env::var_os("MEMAGENT_DATA_DIR").filter(|v| !v.is_empty()) {
-        return Ok(PathBuf::from(dir));
-    }
-    if let Some(dir) = ConfigFile::load(global.config.as_deref())?.data_dir {
-        return Ok(dir);
-    }
-    match dirs::data_dir() {
-        Some(data) => Ok(data.join("memagent").join("data")),
-        None => bail!("no data directory: pass --data-dir DIR or set MEMAGENT_DATA_DIR"),
-    }
-}
-
 /// A TCP address from `PORT` (on 127.0.0.1) or `HOST:PORT`.
 pub fn listen_addr(text: &str) -> Result<std::net::SocketAddr> {
     if let Ok(port) = text.parse::<u16>() {
@@ -303,4 +347,62 @@ pub fn listen_addr(text: &str) -> Result<std::net::SocketAddr> {
     }
     text.parse()
         .with_context(|| format!("`{text}` is neither a port nor an address like 127.0.0.1:8765"))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::Cli;
+
+    /// Settings from `memctl ARGS tokenize x`, without the environment's model and data
+    /// directory.
+    fn settings(args: &[&str]) -> Settings {
+        let mut argv = vec!["memctl"];
+        argv.extend(args);
+        argv.extend(["tokenize", "x"]);
+        let mut s = Settings::resolve(Cli::try_parse_from(argv).unwrap().global);
+        (s.model_env, s.data_dir_env) = (None, None);
+        s
+    }
+
+    #[test]
+    fn the_configuration_file_is_read_once_at_start() {
+        let dir = std::env::temp_dir().join(format!("memctl-settings-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (model, data, config) = (
+            dir.join("m.gguf"),
+            dir.join("data"),
+            dir.join("config.toml"),
+        );
+        std::fs::write(&model, b"").unwrap();
+        let text = format!(
+            "model = {model:?}\ndata_dir = {data:?}\nembedder = \"none\"\n",
+            model = model.display().to_string(),
+            data = data.display().to_string()
+        );
+        std::fs::write(&config, text).unwrap();
+        let s = settings(&["--config", config.to_str().unwrap()]);
+        // Gone after start: everything still comes from what was read then.
+        std::fs::remove_file(&config).unwrap();
+        assert_eq!(s.model_path().unwrap(), model);
+        assert_eq!(s.data_dir().unwrap(), data);
+        assert_eq!(s.embedder_dir().unwrap(), None);
+        // Flags win over the file.
+        let s = settings(&["--data-dir", "/elsewhere", "--embedder", "none"]);
+        assert_eq!(s.data_dir().unwrap(), PathBuf::from("/elsewhere"));
+
+        // A broken file stops only what needs it, with its name and the key.
+        std::fs::write(&config, "data_dir = 3\n").unwrap();
+        let s = settings(&["--config", config.to_str().unwrap()]);
+        let err = format!("{:#}", s.model_path().unwrap_err());
+        assert!(
+            err.contains("config.toml") && err.contains("data_dir"),
+            "{err}"
+        );
+        let s = settings(&["--config", config.to_str().unwrap(), "--data-dir", "/d"]);
+        assert_eq!(s.data_dir().unwrap(), PathBuf::from("/d"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

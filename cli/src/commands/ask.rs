@@ -10,9 +10,10 @@ use memagent_store::MemoryVersion;
 use serde_json::json;
 
 use super::ModelBackend;
-use crate::cli::{AskArgs, GlobalArgs};
+use crate::cli::AskArgs;
+use crate::settings::Settings;
 
-pub fn run(global: &GlobalArgs, args: &AskArgs) -> Result<()> {
+pub fn run(global: &Settings, args: &AskArgs) -> Result<()> {
     let document = super::read_document(args.file.as_deref())?;
     let backend = ModelBackend::open(global, &args.run.backend)?;
     if args.direct {

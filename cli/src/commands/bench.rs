@@ -11,15 +11,16 @@ use memagent_tasks::{single_needle, Haystack, NeedleSample};
 use serde::Serialize;
 
 use crate::cli::{
-    BenchDaemonArgs, BenchEngineArgs, BenchNeedleArgs, BenchProxyArgs, BenchStoreArgs, GlobalArgs,
+    BenchDaemonArgs, BenchEngineArgs, BenchNeedleArgs, BenchProxyArgs, BenchStoreArgs,
 };
+use crate::settings::Settings;
 
 /// Sentences cycled to make benchmark prompts of any length (content does not affect speed).
 const FILLER: &str = "The grass is green. The sky is blue. The sun is yellow. Here we go. \
 There and back again. A long memory is a list of small facts, kept in order and rewritten \
 as new text arrives. Numbers such as 1234 and 56.78 appear now and then. ";
 
-pub fn engine(global: &GlobalArgs, args: &BenchEngineArgs) -> Result<()> {
+pub fn engine(global: &Settings, args: &BenchEngineArgs) -> Result<()> {
     let model = super::load_model(global)?;
     let longest = args.prefill.iter().copied().max().unwrap_or(0);
     if longest > model.context_length() {
@@ -162,7 +163,7 @@ struct NeedleResult {
     steps: usize,
 }
 
-pub fn needle(global: &GlobalArgs, args: &BenchNeedleArgs) -> Result<()> {
+pub fn needle(global: &Settings, args: &BenchNeedleArgs) -> Result<()> {
     for mode in &args.modes {
         if mode != "memory" && mode != "direct" {
             bail!("unknown mode `{mode}` in --modes; expected memory and/or direct");
@@ -348,7 +349,7 @@ pub(super) fn haystack(dir: Option<&Path>) -> Result<Haystack> {
     })
 }
 
-pub fn store(global: &GlobalArgs, args: &BenchStoreArgs) -> Result<()> {
+pub fn store(global: &Settings, args: &BenchStoreArgs) -> Result<()> {
     use memagent_store::{Author, ChunkRecord, Cursor, MemoryVersion, Store, GENERAL};
     let haystack = haystack(args.haystack.as_deref())?;
     let content = haystack.text(args.megabytes << 20);
@@ -487,12 +488,12 @@ struct BenchDaemon {
 }
 
 impl BenchDaemon {
-    fn start(global: &GlobalArgs, name: &str, idle: f64) -> Result<Self> {
+    fn start(global: &Settings, name: &str, idle: f64) -> Result<Self> {
         Self::start_with(global, name, idle, "")
     }
 
     /// Started with `extra` appended to its configuration file.
-    fn start_with(global: &GlobalArgs, name: &str, idle: f64, extra: &str) -> Result<Self> {
+    fn start_with(global: &Settings, name: &str, idle: f64, extra: &str) -> Result<Self> {
         let root = std::env::temp_dir().join(format!(
             "memagent-bench-daemon-{name}-{}",
             std::process::id()
@@ -509,7 +510,7 @@ impl BenchDaemon {
         let log = std::fs::File::create(root.join("daemon.log"))?;
         let child = std::process::Command::new(std::env::current_exe()?)
             .arg("--model")
-            .arg(crate::settings::model_path(global)?)
+            .arg(global.model_path()?)
             .arg("--config")
             .arg(&config)
             .arg("--data-dir")
@@ -580,7 +581,7 @@ fn version_of(rows: &[serde_json::Value], stream: &str) -> u64 {
         .unwrap_or(0)
 }
 
-pub fn daemon(global: &GlobalArgs, args: &BenchDaemonArgs) -> Result<()> {
+pub fn daemon(global: &Settings, args: &BenchDaemonArgs) -> Result<()> {
     let haystack = haystack(args.haystack.as_deref())?;
     let content = haystack.text(4 << 20);
     // Bytes per token of this content, to write a given number of tokens.
@@ -765,7 +766,7 @@ pub fn daemon(global: &GlobalArgs, args: &BenchDaemonArgs) -> Result<()> {
 /// version that read them. Each lag comes with how many busy streams still had text
 /// pending when it ended (all of them: the load held for the whole wait).
 fn busy_lag(
-    global: &GlobalArgs,
+    global: &Settings,
     args: &BenchDaemonArgs,
     chunk_tokens: usize,
     piece: &dyn Fn(usize, usize) -> String,
@@ -853,7 +854,7 @@ fn echo_upstream() -> Result<(String, tokio::runtime::Runtime)> {
     Ok((url, runtime))
 }
 
-pub fn proxy(global: &GlobalArgs, args: &BenchProxyArgs) -> Result<()> {
+pub fn proxy(global: &Settings, args: &BenchProxyArgs) -> Result<()> {
     const TOKEN: &str = "memagent-bench-proxy";
     let (upstream, _upstream_runtime) = echo_upstream()?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?

@@ -11,8 +11,8 @@ use serde_json::Value;
 
 use super::client::DaemonClient;
 use super::{print_json, ModelBackend};
-use crate::cli::{DaemonRunArgs, GlobalArgs};
-use crate::settings::{self, ConfigFile};
+use crate::cli::DaemonRunArgs;
+use crate::settings::{self, Settings};
 
 /// Environment variable holding the TCP listener's bearer token.
 const TOKEN_ENV: &str = "MEMAGENT_API_TOKEN";
@@ -20,9 +20,9 @@ const TOKEN_ENV: &str = "MEMAGENT_API_TOKEN";
 /// Environment variable holding the proxy's bearer token.
 const PROXY_TOKEN_ENV: &str = "MEMAGENT_PROXY_TOKEN";
 
-pub fn run(global: &GlobalArgs, args: &DaemonRunArgs) -> Result<()> {
-    let config = ConfigFile::current(global)?;
-    let dir = settings::data_dir(global)?;
+pub fn run(global: &Settings, args: &DaemonRunArgs) -> Result<()> {
+    let config = global.config()?.clone();
+    let dir = global.data_dir()?;
     let seconds = |flag: Option<f64>, key: Option<f64>, default: f64, name: &str| {
         let value = flag.or(key).unwrap_or(default);
         if !(value > 0.0 && value.is_finite()) {
@@ -165,8 +165,8 @@ pub fn run(global: &GlobalArgs, args: &DaemonRunArgs) -> Result<()> {
     Ok(())
 }
 
-pub fn status(global: &GlobalArgs, json: bool) -> Result<()> {
-    let dir = settings::data_dir(global)?;
+pub fn status(global: &Settings, json: bool) -> Result<()> {
+    let dir = global.data_dir()?;
     let Some(client) = DaemonClient::connect(&dir) else {
         bail!(
             "no daemon is running for {}; start one with `memctl daemon run`",

@@ -5,8 +5,7 @@ use memagent_store::{MemoryVersion, Store, GENERAL};
 use serde_json::{json, Value};
 
 use super::client::{query_escape, DaemonClient};
-use crate::cli::GlobalArgs;
-use crate::settings;
+use crate::settings::Settings;
 
 pub enum Db {
     Local(Store),
@@ -15,8 +14,8 @@ pub enum Db {
 
 impl Db {
     /// Opens the data directory's database; when a daemon holds it, talks to the daemon.
-    pub fn open(global: &GlobalArgs) -> Result<Self> {
-        let dir = settings::data_dir(global)?;
+    pub fn open(global: &Settings) -> Result<Self> {
+        let dir = global.data_dir()?;
         tracing::debug!("data directory {}", dir.display());
         match Store::open(&dir) {
             Ok(store) => Ok(Self::Local(store)),

@@ -3,9 +3,10 @@ use std::io::Write;
 use anyhow::Result;
 use memagent_engine::{GenerateOptions, Message};
 
-use crate::cli::{GenerateArgs, GlobalArgs};
+use crate::cli::GenerateArgs;
+use crate::settings::Settings;
 
-pub fn run(global: &GlobalArgs, args: &GenerateArgs) -> Result<()> {
+pub fn run(global: &Settings, args: &GenerateArgs) -> Result<()> {
     let model = super::load_model(global)?;
     let mut messages = Vec::new();
     if let Some(system) = &args.system {

@@ -14,7 +14,8 @@ use memagent_engine::StopReason;
 use memagent_tasks::single_needle;
 use serde::Serialize;
 
-use crate::cli::{BenchLoopArgs, GlobalArgs, LoopMode, ProfileKind};
+use crate::cli::{BenchLoopArgs, LoopMode, ProfileKind};
+use crate::settings::Settings;
 
 /// One loop over one document.
 #[derive(Debug, Clone, Serialize)]
@@ -40,7 +41,7 @@ pub struct LoopMeasure {
     pub step_tokens: Vec<(usize, StopReason)>,
 }
 
-pub fn run(global: &GlobalArgs, args: &BenchLoopArgs) -> Result<()> {
+pub fn run(global: &Settings, args: &BenchLoopArgs) -> Result<()> {
     if args.documents == 0 || args.tokens == 0 {
         bail!("nothing to run: --documents and --tokens must be at least 1");
     }

@@ -31,12 +31,13 @@ use super::streams::{
     answer_text, daemon_answers, local_answers, read_pending, AnswerRequest, Evidence,
 };
 use super::ModelBackend;
-use crate::cli::{GlobalArgs, LoopArgs, McpArgs};
+use crate::cli::{LoopArgs, McpArgs};
+use crate::settings::Settings;
 
 const URI_PREFIX: &str = "memagent://streams/";
 const URI_SUFFIX: &str = "/memory";
 
-pub fn run(global: &GlobalArgs, args: &McpArgs) -> Result<()> {
+pub fn run(global: &Settings, args: &McpArgs) -> Result<()> {
     let server = MemoryServer::new(global.clone(), args.run.clone());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -141,7 +142,7 @@ struct StreamParams {
 
 /// What every call shares: the settings, and the local model once loaded.
 struct Shared {
-    global: GlobalArgs,
+    global: Settings,
     run: LoopArgs,
     model: Mutex<Option<ModelBackend>>,
 }
@@ -434,7 +435,7 @@ pub struct MemoryServer {
 }
 
 impl MemoryServer {
-    fn new(global: GlobalArgs, run: LoopArgs) -> Self {
+    fn new(global: Settings, run: LoopArgs) -> Self {
         Self {
             shared: Arc::new(Shared {
                 global,

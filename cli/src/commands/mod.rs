@@ -30,49 +30,52 @@ use memagent_engine::{
 };
 
 use crate::cli::{
-    BackendArgs, BackendKind, BenchCommand, Cli, Command, DaemonCommand, GlobalArgs, LoopArgs,
-    ModelCommand, ProfileArgs, SamplingArgs,
+    BackendArgs, BackendKind, BenchCommand, Cli, Command, DaemonCommand, LoopArgs, ModelCommand,
+    ProfileArgs, SamplingArgs,
 };
 use crate::settings;
+use crate::settings::Settings;
 
 pub fn run(cli: Cli) -> Result<()> {
+    let settings = Settings::resolve(cli.global);
+    let global = &settings;
     match cli.command {
-        Command::Ask(args) => ask::run(&cli.global, &args),
-        Command::Ingest(args) => streams::ingest(&cli.global, &args),
-        Command::Query(args) => streams::query(&cli.global, &args),
-        Command::Search(args) => recall::search(&cli.global, &args),
-        Command::Index(command) => recall::index(&cli.global, &command),
-        Command::Memory(command) => streams::memory(&cli.global, &command),
-        Command::Streams(command) => streams::streams(&cli.global, &command),
-        Command::Daemon(DaemonCommand::Run(args)) => daemon::run(&cli.global, &args),
-        Command::Daemon(DaemonCommand::Status { json }) => daemon::status(&cli.global, json),
-        Command::Watch(command) => watch::run(&cli.global, &command),
-        Command::Export { stream } => streams::export(&cli.global, &stream),
+        Command::Ask(args) => ask::run(global, &args),
+        Command::Ingest(args) => streams::ingest(global, &args),
+        Command::Query(args) => streams::query(global, &args),
+        Command::Search(args) => recall::search(global, &args),
+        Command::Index(command) => recall::index(global, &command),
+        Command::Memory(command) => streams::memory(global, &command),
+        Command::Streams(command) => streams::streams(global, &command),
+        Command::Daemon(DaemonCommand::Run(args)) => daemon::run(global, &args),
+        Command::Daemon(DaemonCommand::Status { json }) => daemon::status(global, json),
+        Command::Watch(command) => watch::run(global, &command),
+        Command::Export { stream } => streams::export(global, &stream),
         Command::Import { file, stream } => {
-            streams::import(&cli.global, file.as_deref(), stream.as_deref())
+            streams::import(global, file.as_deref(), stream.as_deref())
         }
-        Command::Generate(args) => generate::run(&cli.global, &args),
-        Command::Model(ModelCommand::Info { json }) => model::info(&cli.global, json),
-        Command::Model(ModelCommand::Export(args)) => model::export(&cli.global, &args),
-        Command::Tokenize(args) => tokenize::run(&cli.global, &args),
-        Command::Bench(BenchCommand::Engine(args)) => bench::engine(&cli.global, &args),
-        Command::Bench(BenchCommand::Sessions(args)) => sessions::run(&cli.global, &args),
-        Command::Bench(BenchCommand::Recall(args)) => recall::bench(&cli.global, &args),
-        Command::Bench(BenchCommand::Needle(args)) => bench::needle(&cli.global, &args),
-        Command::Bench(BenchCommand::Store(args)) => bench::store(&cli.global, &args),
-        Command::Bench(BenchCommand::Daemon(args)) => bench::daemon(&cli.global, &args),
-        Command::Bench(BenchCommand::Ruler(args)) => ruler::run(&cli.global, &args),
-        Command::Bench(BenchCommand::Loop(args)) => loop_bench::run(&cli.global, &args),
-        Command::Bench(BenchCommand::Proxy(args)) => bench::proxy(&cli.global, &args),
-        Command::Train(args) => train::run(&cli.global, &args),
-        Command::Mcp(args) => mcp::run(&cli.global, &args),
-        Command::Answers { stream, json } => streams::answers(&cli.global, &stream, json),
+        Command::Generate(args) => generate::run(global, &args),
+        Command::Model(ModelCommand::Info { json }) => model::info(global, json),
+        Command::Model(ModelCommand::Export(args)) => model::export(global, &args),
+        Command::Tokenize(args) => tokenize::run(global, &args),
+        Command::Bench(BenchCommand::Engine(args)) => bench::engine(global, &args),
+        Command::Bench(BenchCommand::Sessions(args)) => sessions::run(global, &args),
+        Command::Bench(BenchCommand::Recall(args)) => recall::bench(global, &args),
+        Command::Bench(BenchCommand::Needle(args)) => bench::needle(global, &args),
+        Command::Bench(BenchCommand::Store(args)) => bench::store(global, &args),
+        Command::Bench(BenchCommand::Daemon(args)) => bench::daemon(global, &args),
+        Command::Bench(BenchCommand::Ruler(args)) => ruler::run(global, &args),
+        Command::Bench(BenchCommand::Loop(args)) => loop_bench::run(global, &args),
+        Command::Bench(BenchCommand::Proxy(args)) => bench::proxy(global, &args),
+        Command::Train(args) => train::run(global, &args),
+        Command::Mcp(args) => mcp::run(global, &args),
+        Command::Answers { stream, json } => streams::answers(global, &stream, json),
     }
 }
 
 /// The adapter `--adapter` names (`none`, or nothing given: the base model alone).
 /// `--adapter`: unset means the model's default adapter (when it matches the model file).
-pub fn adapter_choice(global: &GlobalArgs) -> AdapterChoice {
+pub fn adapter_choice(global: &Settings) -> AdapterChoice {
     match global.adapter.as_deref() {
         None => AdapterChoice::Default,
         Some("none") | Some("") => AdapterChoice::None,
@@ -81,8 +84,8 @@ pub fn adapter_choice(global: &GlobalArgs) -> AdapterChoice {
 }
 
 /// Loads the model the settings point at, on the chosen device.
-fn load_model(global: &GlobalArgs) -> Result<LocalModel> {
-    let path = settings::model_path(global)?;
+fn load_model(global: &Settings) -> Result<LocalModel> {
+    let path = global.model_path()?;
     let options = LoadOptions {
         device: open_device(&global.device)?,
         weights: WeightPlan {
@@ -120,18 +123,18 @@ enum Inner {
 impl ModelBackend {
     /// Opens the backend that flags, environment and the configuration file choose (in
     /// that order).
-    pub fn open(global: &GlobalArgs, args: &BackendArgs) -> Result<Self> {
-        let config = settings::ConfigFile::current(global)?;
+    pub fn open(global: &Settings, args: &BackendArgs) -> Result<Self> {
+        let config = global.config()?;
         let inner = Self::open_inner(global, args, &config.backend)?;
         Ok(Self {
             inner,
-            profile: config.profile,
+            profile: config.profile.clone(),
             identity: std::sync::OnceLock::new(),
         })
     }
 
     fn open_inner(
-        global: &GlobalArgs,
+        global: &Settings,
         args: &BackendArgs,
         config: &settings::BackendConfig,
     ) -> Result<Inner> {
@@ -274,7 +277,7 @@ impl ModelBackend {
     /// The embedder the line writer compares lines with, when it writes the memory.
     pub fn writer_embedder(
         &self,
-        global: &GlobalArgs,
+        global: &Settings,
         overrides: &ProfileArgs,
     ) -> Result<Option<std::sync::Arc<memagent_store::Embedder>>> {
         match self.writer(overrides)? {

@@ -5,8 +5,8 @@ use memagent_engine::{
     default_adapter_path, export_merged, sha256_file, AdapterChoice, GgmlDType, ModelInfo,
 };
 
-use crate::cli::{ExportType, GlobalArgs, ModelExportArgs};
-use crate::settings;
+use crate::cli::{ExportType, ModelExportArgs};
+use crate::settings::Settings;
 
 /// The adapter file `choice` names for `model`, before any check of its base model.
 fn adapter_file(model: &std::path::Path, choice: &AdapterChoice) -> Option<std::path::PathBuf> {
@@ -17,8 +17,8 @@ fn adapter_file(model: &std::path::Path, choice: &AdapterChoice) -> Option<std::
     }
 }
 
-pub fn info(global: &GlobalArgs, json: bool) -> Result<()> {
-    let path = settings::model_path(global)?;
+pub fn info(global: &Settings, json: bool) -> Result<()> {
+    let path = global.model_path()?;
     let info = ModelInfo::read(&path)?;
     let sha256 = sha256_file(&path)?;
     let quantization: Vec<String> = info
@@ -100,8 +100,8 @@ pub fn info(global: &GlobalArgs, json: bool) -> Result<()> {
     Ok(())
 }
 
-pub fn export(global: &GlobalArgs, args: &ModelExportArgs) -> Result<()> {
-    let path = settings::model_path(global)?;
+pub fn export(global: &Settings, args: &ModelExportArgs) -> Result<()> {
+    let path = global.model_path()?;
     // export_merged checks the adapter's base model itself (one hash of the model file).
     let file = adapter_file(&path, &super::adapter_choice(global));
     let Some(adapter) = file

@@ -9,12 +9,12 @@ use serde_json::{json, Value};
 
 use super::db::Db;
 use super::print_json;
-use crate::cli::{GlobalArgs, IndexCommand, SearchArgs};
-use crate::settings;
+use crate::cli::{IndexCommand, SearchArgs};
+use crate::settings::Settings;
 
 /// The embedder the settings name, loaded; `None` with `--embedder none`.
-pub fn load_embedder(global: &GlobalArgs) -> Result<Option<Arc<Embedder>>> {
-    match settings::embedder_dir(global)? {
+pub fn load_embedder(global: &Settings) -> Result<Option<Arc<Embedder>>> {
+    match global.embedder_dir()? {
         None => Ok(None),
         Some(dir) => {
             let embedder = Embedder::load(&dir)
@@ -26,14 +26,14 @@ pub fn load_embedder(global: &GlobalArgs) -> Result<Option<Arc<Embedder>>> {
 }
 
 /// The data directory's passage index, caught up with every stream's log.
-pub fn open_recall(global: &GlobalArgs, store: &Store) -> Result<Recall> {
+pub fn open_recall(global: &Settings, store: &Store) -> Result<Recall> {
     let recall = open_recall_only(global, store)?;
     catch_up(store, &recall)?;
     Ok(recall)
 }
 
 /// The passage index, as it is on disk.
-pub fn open_recall_only(global: &GlobalArgs, store: &Store) -> Result<Recall> {
+pub fn open_recall_only(global: &Settings, store: &Store) -> Result<Recall> {
     let embedder = load_embedder(global)?;
     Ok(Recall::open(&store.path().join("index"), embedder)?)
 }
@@ -100,7 +100,7 @@ fn index_text(
     Ok(recall.sync(&log, on_progress)?)
 }
 
-pub fn search(global: &GlobalArgs, args: &SearchArgs) -> Result<()> {
+pub fn search(global: &Settings, args: &SearchArgs) -> Result<()> {
     let (stream, text) = match (args.all, args.args.as_slice()) {
         (false, [stream, text]) => (Some(stream.as_str()), text.as_str()),
         (true, [text]) => (None, text.as_str()),
@@ -186,7 +186,7 @@ pub fn provenance(p: &Value) -> String {
     parts.join(" · ")
 }
 
-pub fn index(global: &GlobalArgs, command: &IndexCommand) -> Result<()> {
+pub fn index(global: &Settings, command: &IndexCommand) -> Result<()> {
     let store = Db::open(global)?.local("memctl index")?;
     let recall = open_recall_only(global, &store)?;
     match command {
@@ -317,7 +317,7 @@ fn median_p99(mut v: Vec<f64>) -> (f64, f64) {
 }
 
 /// `memctl bench recall`.
-pub fn bench(global: &GlobalArgs, args: &crate::cli::BenchRecallArgs) -> Result<()> {
+pub fn bench(global: &Settings, args: &crate::cli::BenchRecallArgs) -> Result<()> {
     use std::time::Instant;
     let embedder = load_embedder(global)?
         .context("bench recall times the embedder: do not pass --embedder none")?;

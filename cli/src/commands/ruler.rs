@@ -12,7 +12,8 @@ use memagent_store::{Ingestor, Store, StreamRecord, GENERAL, GENERAL_ANSWER};
 use memagent_tasks::{generate_split, score, EvalSplit, QaItem, RulerSample, Sources, Task};
 use serde::{Deserialize, Serialize};
 
-use crate::cli::{BenchRulerArgs, GlobalArgs};
+use crate::cli::BenchRulerArgs;
+use crate::settings::Settings;
 
 /// One sample's result, as saved in `results.jsonl`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -119,7 +120,7 @@ fn read_qa(path: &Path) -> Result<Vec<QaItem>> {
         .collect()
 }
 
-pub fn run(global: &GlobalArgs, args: &BenchRulerArgs) -> Result<()> {
+pub fn run(global: &Settings, args: &BenchRulerArgs) -> Result<()> {
     let tasks: Vec<Task> = args
         .tasks
         .iter()

@@ -11,7 +11,8 @@ use serde_json::{json, Value};
 
 use super::streams::read_pending;
 use super::ModelBackend;
-use crate::cli::{BenchSessionsArgs, GlobalArgs};
+use crate::cli::BenchSessionsArgs;
+use crate::settings::Settings;
 
 /// The chat as a chat log's lines.
 fn jsonl(sample: &SessionSample) -> String {
@@ -22,7 +23,7 @@ fn jsonl(sample: &SessionSample) -> String {
         .collect()
 }
 
-pub fn run(global: &GlobalArgs, args: &BenchSessionsArgs) -> Result<()> {
+pub fn run(global: &Settings, args: &BenchSessionsArgs) -> Result<()> {
     for mode in &args.modes {
         if !matches!(mode.as_str(), "evidence" | "memory") {
             bail!("unknown mode `{mode}` in --modes; expected evidence or memory");

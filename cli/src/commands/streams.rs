@@ -11,15 +11,14 @@ use serde_json::{json, Value};
 
 use super::db::{version_at, Db};
 use super::{print_json, ModelBackend};
-use crate::cli::{
-    GlobalArgs, IngestArgs, IngestFormat, LoopArgs, MemoryCommand, QueryArgs, StreamsCommand,
-};
+use crate::cli::{IngestArgs, IngestFormat, LoopArgs, MemoryCommand, QueryArgs, StreamsCommand};
+use crate::settings::Settings;
 
-fn open_store(global: &GlobalArgs, what: &str) -> Result<Store> {
+fn open_store(global: &Settings, what: &str) -> Result<Store> {
     Db::open(global)?.local(what)
 }
 
-pub fn ingest(global: &GlobalArgs, args: &IngestArgs) -> Result<()> {
+pub fn ingest(global: &Settings, args: &IngestArgs) -> Result<()> {
     let db = Db::open(global)?;
     let (text, source) = match args.file.as_deref() {
         Some(path) if path.as_os_str() != "-" => {
@@ -157,7 +156,7 @@ pub fn ingest(global: &GlobalArgs, args: &IngestArgs) -> Result<()> {
 /// Reads every pending chunk of `stream` into its general memory, each step committed
 /// on its own; `on_step` sees each as it is committed.
 pub fn read_pending(
-    global: &GlobalArgs,
+    global: &Settings,
     store: &Store,
     backend: &ModelBackend,
     run: &LoopArgs,
@@ -179,7 +178,7 @@ pub fn read_pending(
     })
 }
 
-pub fn query(global: &GlobalArgs, args: &QueryArgs) -> Result<()> {
+pub fn query(global: &Settings, args: &QueryArgs) -> Result<()> {
     let evidence = Evidence {
         memory_only: args.memory_only || args.deep,
         tokens: args.evidence_tokens,
@@ -476,7 +475,7 @@ fn print_sources(out: &mut impl Write, v: &Value) -> Result<()> {
     Ok(())
 }
 
-pub fn memory(global: &GlobalArgs, command: &MemoryCommand) -> Result<()> {
+pub fn memory(global: &Settings, command: &MemoryCommand) -> Result<()> {
     let db = Db::open(global)?;
     let mut out = std::io::stdout().lock();
     match command {
@@ -638,7 +637,7 @@ fn edited_text(current: &str) -> Result<String> {
     Ok(text)
 }
 
-pub fn streams(global: &GlobalArgs, command: &StreamsCommand) -> Result<()> {
+pub fn streams(global: &Settings, command: &StreamsCommand) -> Result<()> {
     let db = Db::open(global)?;
     match command {
         StreamsCommand::List { json } => {
@@ -672,7 +671,7 @@ pub fn streams(global: &GlobalArgs, command: &StreamsCommand) -> Result<()> {
     Ok(())
 }
 
-pub fn export(global: &GlobalArgs, stream: &str) -> Result<()> {
+pub fn export(global: &Settings, stream: &str) -> Result<()> {
     let store = open_store(global, "export")?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for record in store.export(stream)? {
@@ -684,7 +683,7 @@ pub fn export(global: &GlobalArgs, stream: &str) -> Result<()> {
 }
 
 pub fn import(
-    global: &GlobalArgs,
+    global: &Settings,
     file: Option<&std::path::Path>,
     rename: Option<&str>,
 ) -> Result<()> {
@@ -712,7 +711,7 @@ pub fn import(
     Ok(())
 }
 
-pub fn answers(global: &GlobalArgs, stream: &str, json: bool) -> Result<()> {
+pub fn answers(global: &Settings, stream: &str, json: bool) -> Result<()> {
     let answers: Vec<memagent_store::StandingAnswer> = match Db::open(global)? {
         Db::Local(store) => store.answers(&store.require(stream)?)?,
         Db::Daemon(client) => serde_json::from_value(client.get(&format!(

@@ -3,14 +3,14 @@ use std::io::Write;
 use anyhow::Result;
 use memagent_engine::{GgufFile, Tokenizer};
 
-use crate::cli::{GlobalArgs, TokenizeArgs};
-use crate::settings;
+use crate::cli::TokenizeArgs;
+use crate::settings::Settings;
 
-pub fn run(global: &GlobalArgs, args: &TokenizeArgs) -> Result<()> {
+pub fn run(global: &Settings, args: &TokenizeArgs) -> Result<()> {
     let tokenizer = match &global.tokenizer {
         Some(json) => Tokenizer::from_json_file(json)?,
         // Only the header is read: no weights are loaded to tokenize.
-        None => Tokenizer::from_gguf(&GgufFile::open(&settings::model_path(global)?)?)?,
+        None => Tokenizer::from_gguf(&GgufFile::open(&global.model_path()?)?)?,
     };
     let ids = tokenizer.encode(&args.text, false)?;
     let mut out = std::io::stdout().lock();

@@ -13,10 +13,10 @@ use memagent_trainer::{
     TrainConfig, TrainModel,
 };
 
-use crate::cli::{GlobalArgs, TrainArgs, TrainCommand, TrainDataArgs, TrainDataOptions};
-use crate::settings;
+use crate::cli::{TrainArgs, TrainCommand, TrainDataArgs, TrainDataOptions};
+use crate::settings::Settings;
 
-pub fn run(global: &GlobalArgs, args: &TrainArgs) -> Result<()> {
+pub fn run(global: &Settings, args: &TrainArgs) -> Result<()> {
     match &args.command {
         Some(TrainCommand::Data(data)) => print_data(global, data),
         Some(TrainCommand::Sample(sample)) => super::train_sample::run(global, sample),
@@ -55,8 +55,8 @@ fn split_of(name: &str) -> Result<Split> {
     })
 }
 
-fn print_data(global: &GlobalArgs, args: &TrainDataArgs) -> Result<()> {
-    let model = settings::model_path(global)?;
+fn print_data(global: &Settings, args: &TrainDataArgs) -> Result<()> {
+    let model = global.model_path()?;
     let data = task_data(&model, &args.data)?;
     let split = split_of(&args.split)?;
     let fillers = match split {
@@ -94,9 +94,9 @@ fn print_data(global: &GlobalArgs, args: &TrainDataArgs) -> Result<()> {
     Ok(())
 }
 
-fn train(global: &GlobalArgs, args: &TrainArgs) -> Result<()> {
+fn train(global: &Settings, args: &TrainArgs) -> Result<()> {
     let a = &args.run;
-    let model_path = settings::model_path(global)?;
+    let model_path = global.model_path()?;
     let targets = a
         .targets
         .iter()
@@ -297,7 +297,7 @@ fn keep_freed_memory() {
 /// `memctl train --bench`: updates in a temporary run, then the engine's prefill
 /// projections on the same file, both in this process.
 fn bench(
-    global: &GlobalArgs,
+    global: &Settings,
     model_path: &Path,
     mut config: TrainConfig,
     data: &TaskData,

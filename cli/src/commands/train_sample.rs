@@ -10,10 +10,10 @@ use memagent_engine::agent::Profile;
 use memagent_tasks::training::{trajectory, Mode, Split};
 use memagent_trainer::rejection::{read_groups, sample_once, Group, SampleConfig, Sampled};
 
-use crate::cli::{GlobalArgs, TrainSampleArgs};
-use crate::settings;
+use crate::cli::TrainSampleArgs;
+use crate::settings::Settings;
 
-pub fn run(global: &GlobalArgs, args: &TrainSampleArgs) -> Result<()> {
+pub fn run(global: &Settings, args: &TrainSampleArgs) -> Result<()> {
     if args.samples == 0 || args.batch == 0 {
         bail!("--samples and --batch must be at least 1");
     }
@@ -44,7 +44,7 @@ pub fn run(global: &GlobalArgs, args: &TrainSampleArgs) -> Result<()> {
             todo.len()
         );
     }
-    let model_path = settings::model_path(global)?;
+    let model_path = global.model_path()?;
     let data = super::train::task_data(&model_path, &args.data)?;
     let model = super::load_model(global)?;
     let profile = Profile {

@@ -8,10 +8,10 @@ use anyhow::{bail, Context, Result};
 use toml_edit::{Array, ArrayOfTables, DocumentMut, Item, Table};
 
 use super::print_json;
-use crate::cli::{GlobalArgs, WatchCommand};
-use crate::settings::{config_path, ConfigFile};
+use crate::cli::WatchCommand;
+use crate::settings::{config_path, ConfigFile, Settings};
 
-pub fn run(global: &GlobalArgs, command: &WatchCommand) -> Result<()> {
+pub fn run(global: &Settings, command: &WatchCommand) -> Result<()> {
     let path = config_path(global)?;
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
