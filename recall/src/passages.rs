@@ -373,6 +373,16 @@ pub fn bearing_sentences<'a>(passage: &'a str, question: &str) -> Vec<&'a str> {
     }
 }
 
+/// How many of the words `question` asks about (stop words aside, by their first six
+/// letters) `text` holds.
+pub fn coverage(text: &str, question: &str) -> usize {
+    let have = keys(text);
+    let mut wanted = keys(question);
+    wanted.sort_unstable();
+    wanted.dedup();
+    wanted.iter().filter(|k| have.contains(k)).count()
+}
+
 /// The lines of a memory that bear on `question` (sharing the most words with it), at
 /// most `keep`, in the memory's order; `None` when no line shares a word. A small
 /// model answering beside passages copies whatever its notes hold, so notes about other
@@ -532,6 +542,20 @@ mod tests {
             assert_eq!(spans, whole.closed, "step {step}");
             assert_eq!(open, whole.open, "step {step}");
         }
+    }
+
+    #[test]
+    fn coverage_counts_the_question_s_words_a_text_holds() {
+        let q = "What is the access code for the north gate?";
+        assert_eq!(
+            coverage("The access code for the north gate is 4817263.", q),
+            4
+        );
+        assert_eq!(
+            coverage("The access code for the boathouse is 5550123.", q),
+            2
+        );
+        assert_eq!(coverage("Gates, gates: the North Gate.", q), 2);
     }
 
     #[test]

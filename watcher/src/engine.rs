@@ -316,7 +316,12 @@ pub fn answer_with_evidence(
             .notes
             .and_then(|_| said(replies.next().expect("one reply for the notes")));
         let unit_said: Vec<Option<&str>> = units.iter().map(Option::as_deref).collect();
-        let (answer, cited) = chosen_answer(question, &unit_said, from_notes);
+        let coverage: Vec<usize> = a
+            .units
+            .iter()
+            .map(|(_, text)| memagent_store::coverage(text, question))
+            .collect();
+        let (answer, cited) = chosen_answer(question, &unit_said, &coverage, from_notes);
         let mut passages = a.passages;
         for ((passage, _), unit) in a.units.iter().zip(&units) {
             if let Some(unit) = unit {
@@ -344,11 +349,23 @@ pub fn answer_with_evidence(
 fn chosen_answer(
     question: &str,
     said: &[Option<&str>],
+    coverage: &[usize],
     from_notes: Option<String>,
 ) -> (String, Vec<usize>) {
+    // A passage missing two or more of the words asked about, where another answering
+    // passage holds them, speaks of something else ("the access code for the boathouse"
+    // for "the access code for the north gate"); one missing a single word may say the
+    // same thing in other words ("Ravi moved to Porto" for "where does my sister Ravi
+    // live").
+    let best = (0..said.len())
+        .filter(|&i| said[i].is_some())
+        .map(|i| coverage[i])
+        .max()
+        .unwrap_or(0);
     let mut answering = said
         .iter()
         .enumerate()
+        .filter(|&(i, _)| coverage[i] + 1 >= best)
         .filter_map(|(i, s)| s.map(|s| (i, s)));
     let cited: Vec<(usize, &str)> = if asks_for_all(question) {
         let mut kept: Vec<(usize, &str)> = Vec::new();
@@ -498,9 +515,26 @@ mod tests {
             Some("Ravi moved to Krakow last month."),
             None,
         ];
-        let (answer, cited) = chosen_answer(q, &said, Some("Ravi lives in Oslo.".into()));
+        // The move holds one word fewer of the question's: still the newest answer.
+        let coverage = [2, 0, 1, 0];
+        let notes = Some("Ravi lives in Oslo.".to_string());
+        let (answer, cited) = chosen_answer(q, &said, &coverage, notes);
         assert_eq!(answer, "Ravi moved to Krakow last month.");
         assert_eq!(cited, [2]);
+    }
+
+    #[test]
+    fn a_passage_missing_two_asked_words_yields_to_one_holding_them() {
+        let q = "What is the access code for the north gate?";
+        let said = [
+            Some("The access code for the north gate is 4817263."),
+            Some("The access code for the north gate is 5550123."),
+        ];
+        let (answer, cited) = chosen_answer(q, &said, &[4, 2], None);
+        assert_eq!(
+            (answer.as_str(), cited),
+            ("The access code for the north gate is 4817263.", vec![0])
+        );
     }
 
     #[test]
@@ -512,7 +546,7 @@ mod tests {
             None,
             Some("the number is 41."),
         ];
-        let (answer, cited) = chosen_answer(q, &said, None);
+        let (answer, cited) = chosen_answer(q, &said, &[3, 3, 3, 3], None);
         assert_eq!(answer, "The number is 41. The number is 7.");
         assert_eq!(cited, [0, 1]);
     }
@@ -520,9 +554,9 @@ mod tests {
     #[test]
     fn the_notes_answer_only_when_no_passage_says_then_not_known() {
         let q = "When is Kofi's birthday?";
-        let (answer, cited) = chosen_answer(q, &[None, None], Some("On May 2.".into()));
+        let (answer, cited) = chosen_answer(q, &[None, None], &[2, 2], Some("On May 2.".into()));
         assert_eq!((answer.as_str(), cited.len()), ("On May 2.", 0));
-        let (answer, cited) = chosen_answer(q, &[None], None);
+        let (answer, cited) = chosen_answer(q, &[None], &[0], None);
         assert!(abstains(&answer), "{answer}");
         assert!(cited.is_empty());
     }

@@ -70,6 +70,14 @@ pub fn run(global: &Settings, args: &AskArgs) -> Result<()> {
     let mut value = run_json(&run);
     let answer = match &evidence {
         None => run.final_answer.answer.clone(),
+        Some((report, used)) if !args.json => {
+            let mut text = report.answer.trim().to_string();
+            for e in used.iter().filter(|e| e.cited) {
+                let at = super::recall::citation(&serde_json::to_value(e)?);
+                text.push_str(&format!("\n  from {at}"));
+            }
+            text
+        }
         Some((report, used)) => {
             // The memory's own answer stays beside it, under `memory_answer`.
             value["mode"] = json!("evidence");
