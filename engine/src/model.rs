@@ -158,13 +158,52 @@ pub struct ModelInfo {
     pub kv_heads: usize,
     pub chat_template: Option<String>,
     pub file_bytes: u64,
+    /// What of the file this engine does not run (empty: it runs it), each naming what
+    /// and why.
+    pub unsupported: Vec<String>,
 }
 
 impl ModelInfo {
-    /// Reads only the header of a GGUF file (no weights).
+    /// Reads only the header of a GGUF file (no weights). A file the engine cannot run
+    /// is still described, with what it does not support in `unsupported`.
     pub fn read(path: &Path) -> Result<Self> {
         let gguf = GgufFile::open(path)?;
-        let config = Config::from_gguf(&gguf)?;
+        let mut unsupported = Vec::new();
+        let dims = match Config::from_gguf(&gguf) {
+            Ok(c) => [
+                c.context_length,
+                c.vocab_size,
+                c.n_layer,
+                c.n_embd,
+                c.n_head,
+                c.n_kv_head,
+            ],
+            Err(e @ (Error::UnsupportedArchitecture(_) | Error::Gguf { .. })) => {
+                unsupported.push(e.to_string());
+                // What the keys under the file's own prefix say (missing ones read 0).
+                let p = gguf.string("general.architecture")?;
+                let mut dims = [0; 6];
+                let keys = [
+                    "context_length",
+                    "vocab_size",
+                    "block_count",
+                    "embedding_length",
+                    "attention.head_count",
+                    "attention.head_count_kv",
+                ];
+                for (d, key) in dims.iter_mut().zip(keys) {
+                    *d = gguf.opt_usize(&format!("{p}.{key}"))?.unwrap_or(0);
+                }
+                if dims[1] == 0 {
+                    dims[1] = gguf
+                        .string_array("tokenizer.ggml.tokens")
+                        .map_or(0, |t| t.len());
+                }
+                dims
+            }
+            Err(e) => return Err(e),
+        };
+        let [context_length, vocab_size, layers, embedding_length, heads, kv_heads] = dims;
         let file_bytes = std::fs::metadata(path)
             .map_err(|source| Error::Io {
                 path: path.to_path_buf(),
@@ -174,20 +213,21 @@ impl ModelInfo {
         Ok(Self {
             path: path.to_path_buf(),
             name: gguf.opt_string("general.name")?.map(str::to_string),
-            architecture: config.architecture.name().to_string(),
+            architecture: gguf.string("general.architecture")?.to_string(),
             parameters: gguf.tensor_sizes().map(|(_, n)| n).sum(),
             quantization: gguf.tensor_types(),
             file_type: gguf.opt_usize("general.file_type")?,
-            context_length: config.context_length,
-            vocab_size: config.vocab_size,
-            layers: config.n_layer,
-            embedding_length: config.n_embd,
-            heads: config.n_head,
-            kv_heads: config.n_kv_head,
+            context_length,
+            vocab_size,
+            layers,
+            embedding_length,
+            heads,
+            kv_heads,
             chat_template: gguf
                 .opt_string("tokenizer.chat_template")?
                 .map(str::to_string),
             file_bytes,
+            unsupported,
         })
     }
 }

@@ -77,6 +77,10 @@ pub fn info(global: &Settings, json: bool) -> Result<()> {
         info.layers, info.embedding_length, info.heads, info.kv_heads
     )?;
     writeln!(out, "sha256:         {sha256}")?;
+    match info.unsupported.as_slice() {
+        [] => writeln!(out, "supported:      yes")?,
+        reasons => writeln!(out, "supported:      no: {}", reasons.join("; "))?,
+    }
     match &adapter {
         Some(a) => writeln!(
             out,

@@ -104,4 +104,13 @@ fn hostile_files_give_errors_that_name_the_file() {
         Err(e) => panic!("unexpected error {e}"),
         Ok(_) => panic!("gpt-j loaded"),
     }
+    // Described all the same, naming what is not supported.
+    let info = ModelInfo::read(&other).unwrap();
+    assert_eq!(info.architecture, "gpt-j");
+    // Its keys still carry the llama prefix: dimensions unknown, the vocabulary counted.
+    assert_eq!((info.layers, info.vocab_size), (0, 261), "{info:?}");
+    assert_eq!(info.unsupported.len(), 1, "{info:?}");
+    assert!(info.unsupported[0].contains("`gpt-j`"), "{info:?}");
+    let runs = ModelInfo::read(&good).unwrap();
+    assert!(runs.unsupported.is_empty(), "{runs:?}");
 }
