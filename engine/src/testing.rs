@@ -28,7 +28,10 @@ pub fn byte_chars() -> Vec<String> {
         .collect()
 }
 
-/// Writes a random-weight model of `arch` and returns its path.
+/// Writes a random-weight model of `arch` (`llama`, `qwen2`, `qwen3`, `phi3`, or any other name
+/// for a file of that architecture with llama's tensors) and returns its path. The
+/// weights come from a fixed seed: the same file every time, so that a reference's
+/// outputs for it can be committed.
 pub fn write_tiny_model(dir: &Path, arch: &str) -> PathBuf {
     let dev = Device::Cpu;
     let (n_embd, n_ff, n_head, n_kv, n_layer) = (64usize, 128usize, 4u32, 2u32, 2u32);
@@ -42,7 +45,11 @@ pub fn write_tiny_model(dir: &Path, arch: &str) -> PathBuf {
     let p = |k: &str| format!("{arch}.{k}");
     let meta: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::String(arch.into())),
-        ("general.name".into(), Value::String(format!("tiny-{arch}"))),
+        // A name without the architecture in it: llama.cpp adjusts tokens by name.
+        (
+            "general.name".into(),
+            Value::String("tiny random model".into()),
+        ),
         (p("block_count"), Value::U32(n_layer)),
         (p("context_length"), Value::U32(256)),
         (p("embedding_length"), Value::U32(n_embd as u32)),
@@ -54,7 +61,14 @@ pub fn write_tiny_model(dir: &Path, arch: &str) -> PathBuf {
         ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
         (
             "tokenizer.ggml.pre".into(),
-            Value::String(if arch == "qwen2" { "qwen2" } else { "smollm" }.into()),
+            Value::String(
+                if arch.starts_with("qwen") {
+                    "qwen2"
+                } else {
+                    "smollm"
+                }
+                .into(),
+            ),
         ),
         (
             "tokenizer.ggml.tokens".into(),
@@ -80,8 +94,15 @@ pub fn write_tiny_model(dir: &Path, arch: &str) -> PathBuf {
             Value::String(TEMPLATE.into()),
         ),
     ];
+    let rng = std::cell::RefCell::new(<rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(7));
     let rand = |shape: &[usize], dtype: GgmlDType| {
-        let t = Tensor::randn(0f32, 0.2, shape, &dev).unwrap();
+        use rand::Rng;
+        let n: usize = shape.iter().product();
+        // Uniform with the spread of N(0, 0.2): sqrt(3) * 0.2.
+        let values: Vec<f32> = (0..n)
+            .map(|_| rng.borrow_mut().random_range(-0.3464f32..0.3464))
+            .collect();
+        let t = Tensor::from_vec(values, shape, &dev).unwrap();
         QTensor::quantize(&t, dtype).unwrap()
     };
     let ones = |n: usize| {
@@ -103,21 +124,51 @@ pub fn write_tiny_model(dir: &Path, arch: &str) -> PathBuf {
         let b = |n: &str| format!("blk.{i}.{n}");
         tensors.push((b("attn_norm.weight"), ones(n_embd)));
         tensors.push((b("ffn_norm.weight"), ones(n_embd)));
-        tensors.push((b("attn_q.weight"), rand(&[n_embd, n_embd], GgmlDType::Q4_1)));
-        tensors.push((b("attn_k.weight"), rand(&[kv_dim, n_embd], GgmlDType::Q4_1)));
-        tensors.push((b("attn_v.weight"), rand(&[kv_dim, n_embd], GgmlDType::Q4_1)));
+        if arch == "phi3" {
+            // q, k and v fused; gate and up fused, gate first.
+            let qkv = n_embd + 2 * kv_dim;
+            tensors.push((b("attn_qkv.weight"), rand(&[qkv, n_embd], GgmlDType::Q4_1)));
+        } else {
+            tensors.push((b("attn_q.weight"), rand(&[n_embd, n_embd], GgmlDType::Q4_1)));
+            tensors.push((b("attn_k.weight"), rand(&[kv_dim, n_embd], GgmlDType::Q4_1)));
+            tensors.push((b("attn_v.weight"), rand(&[kv_dim, n_embd], GgmlDType::Q4_1)));
+        }
         tensors.push((
             b("attn_output.weight"),
             rand(&[n_embd, n_embd], GgmlDType::Q4_1),
         ));
-        tensors.push((b("ffn_gate.weight"), rand(&[n_ff, n_embd], GgmlDType::Q4_1)));
-        tensors.push((b("ffn_up.weight"), rand(&[n_ff, n_embd], GgmlDType::Q4_1)));
+        if arch == "phi3" {
+            tensors.push((
+                b("ffn_up.weight"),
+                rand(&[2 * n_ff, n_embd], GgmlDType::Q4_1),
+            ));
+        } else {
+            tensors.push((b("ffn_gate.weight"), rand(&[n_ff, n_embd], GgmlDType::Q4_1)));
+            tensors.push((b("ffn_up.weight"), rand(&[n_ff, n_embd], GgmlDType::Q4_1)));
+        }
         tensors.push((b("ffn_down.weight"), rand(&[n_embd, n_ff], GgmlDType::Q4_1)));
         if arch == "qwen2" {
             tensors.push((b("attn_q.bias"), rand(&[n_embd], GgmlDType::F32)));
             tensors.push((b("attn_k.bias"), rand(&[kv_dim], GgmlDType::F32)));
             tensors.push((b("attn_v.bias"), rand(&[kv_dim], GgmlDType::F32)));
         }
+        if arch == "qwen3" {
+            // Per-head norms with weights around 1, so that they matter and stay sane.
+            let head_dim = n_embd / n_head as usize;
+            let norm = |rand: &dyn Fn(&[usize], GgmlDType) -> QTensor| {
+                let t = rand(&[head_dim], GgmlDType::F32).dequantize(&dev).unwrap();
+                QTensor::quantize(&(t + 1.0).unwrap(), GgmlDType::F32).unwrap()
+            };
+            tensors.push((b("attn_q_norm.weight"), norm(&rand)));
+            tensors.push((b("attn_k_norm.weight"), norm(&rand)));
+        }
+    }
+    if arch == "phi3" {
+        // Phi-3 files keep an output projection of their own.
+        tensors.push((
+            "output.weight".into(),
+            rand(&[vocab, n_embd], GgmlDType::Q8_0),
+        ));
     }
     let path = dir.join(format!("tiny-{arch}.gguf"));
     let mut file = std::fs::File::create(&path).unwrap();

@@ -5,9 +5,9 @@
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
-use memagent_engine::{rope_tables, Config, GgufFile};
+use memagent_engine::{rope_tables, Architecture, Config, GgufFile};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::lora::{Adapters, LoraConfig, Target};
 use crate::ops::{rms_norm, rms_norm_composed, rope, swiglu, Frozen};
 
@@ -45,6 +45,15 @@ impl TrainModel {
         let dev = Device::Cpu;
         let mut gguf = GgufFile::open(path)?;
         let config = Config::from_gguf(&gguf)?;
+        if !matches!(
+            config.architecture,
+            Architecture::Llama | Architecture::Qwen2
+        ) {
+            return Err(Error::Config(format!(
+                "training a `{}` model is not supported yet; train a llama or qwen2 model",
+                config.architecture.name()
+            )));
+        }
         let tied = !gguf.has_tensor("output.weight");
         let mut dense =
             |name: &str| -> Result<Tensor> { Ok(gguf.tensor(name, &dev)?.dequantize(&dev)?) };

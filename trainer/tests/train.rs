@@ -246,6 +246,20 @@ fn the_fused_pass_gives_the_composed_passs_gradients() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[test]
+fn architectures_the_trainer_does_not_model_are_refused_by_name() {
+    let dir = temp("train-refused");
+    std::fs::create_dir_all(&dir).unwrap();
+    for arch in ["qwen3", "phi3"] {
+        let path = memagent_engine::testing::write_tiny_model(&dir, arch);
+        let err = TrainModel::load(&path, LoraConfig::default(), 5)
+            .err()
+            .unwrap_or_else(|| panic!("{arch} loaded for training"));
+        assert!(err.to_string().contains(&format!("`{arch}`")), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 const CHILD: &str = "MEMAGENT_TRAIN_CHILD_DIR";
 
 /// Runs only as the child of `a_run_killed_with_sigkill_resumes_to_the_same_parameters`.

@@ -11,9 +11,11 @@ mod cache_attention;
 mod dense;
 mod linear;
 mod llama;
+mod phi3;
 mod pool;
 mod q4_1;
 mod qwen2;
+mod qwen3;
 mod rowwise;
 mod transformer;
 
@@ -32,6 +34,10 @@ pub enum Architecture {
     Llama,
     /// Qwen2 and Qwen2.5 (and so the RL-MemoryAgent checkpoints).
     Qwen2,
+    /// Qwen3: Qwen2's layout with per-head q/k RMSNorm and no q/k/v biases.
+    Qwen3,
+    /// Phi-3 and Phi-3.5: fused q/k/v and gate/up projections.
+    Phi3,
 }
 
 impl Architecture {
@@ -39,6 +45,8 @@ impl Architecture {
         match gguf.string("general.architecture")? {
             "llama" => Ok(Self::Llama),
             "qwen2" => Ok(Self::Qwen2),
+            "qwen3" => Ok(Self::Qwen3),
+            "phi3" => Ok(Self::Phi3),
             other => Err(Error::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -47,6 +55,8 @@ impl Architecture {
         match self {
             Self::Llama => "llama",
             Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+            Self::Phi3 => "phi3",
         }
     }
 }
@@ -70,6 +80,9 @@ pub struct Config {
     pub rope_interleaved: bool,
     /// q, k and v projections carry a bias (Qwen2).
     pub qkv_bias: bool,
+    /// Each head of the queries and keys is RMS-normalised (its own weights,
+    /// `attn_q_norm`/`attn_k_norm`) before the rotary positions (Qwen3).
+    pub qk_norm: bool,
 }
 
 impl Config {
@@ -77,6 +90,8 @@ impl Config {
         let config = match Architecture::from_gguf(gguf)? {
             Architecture::Llama => llama::config(gguf)?,
             Architecture::Qwen2 => qwen2::config(gguf)?,
+            Architecture::Qwen3 => qwen3::config(gguf)?,
+            Architecture::Phi3 => phi3::config(gguf)?,
         };
         config.validate(gguf)?;
         Ok(config)
@@ -115,6 +130,7 @@ impl Config {
             rms_eps: gguf.f32(&format!("{p}.attention.layer_norm_rms_epsilon"))?,
             rope_interleaved: false,
             qkv_bias: false,
+            qk_norm: false,
         })
     }
 

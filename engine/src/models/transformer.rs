@@ -26,6 +26,9 @@ struct Block {
     /// gate and up projections stacked: one matmul gives (..., gate | up).
     w_gate_up: Linear,
     w_down: Linear,
+    /// Per-head RMSNorm weights of the queries and keys (head_dim each), when the
+    /// architecture has them.
+    qk_norm: Option<(Tensor, Tensor)>,
 }
 
 /// A loaded model's weights. Stateless: sequences keep their state in a [`KvCache`].
@@ -155,6 +158,21 @@ impl Transformer {
             };
             let attn_norm = dense("attn_norm.weight")?;
             let ffn_norm = dense("ffn_norm.weight")?;
+            let qk_norm = match config.qk_norm {
+                true => Some((dense("attn_q_norm.weight")?, dense("attn_k_norm.weight")?)),
+                false => None,
+            };
+            if let Some((qn, kn)) = &qk_norm {
+                if qn.dims() != [config.head_dim] || kn.dims() != [config.head_dim] {
+                    return Err(gguf.gguf_error(format!(
+                        "blk.{i}.attn_q_norm/attn_k_norm have shapes {:?} and {:?}, expected \
+                         ({},) each",
+                        qn.dims(),
+                        kn.dims(),
+                        config.head_dim
+                    )));
+                }
+            }
             let (bq, bk, bv) = if config.qkv_bias {
                 (
                     Some(dense("attn_q.bias")?),
@@ -164,13 +182,42 @@ impl Transformer {
             } else {
                 (None, None, None)
             };
+            // Files that fuse q/k/v (`attn_qkv`) or gate/up (`ffn_up` alone, gate first)
+            // hold the stacks this engine builds.
+            let fused_qkv = gguf.has_tensor(&format!("blk.{i}.attn_qkv.weight"));
+            let fused_gate_up = !gguf.has_tensor(&format!("blk.{i}.ffn_gate.weight"));
             let mut weight = |name: &str| gguf.tensor(&format!("blk.{i}.{name}.weight"), device);
-            let qkv = vec![
-                (weight("attn_q")?, bq),
-                (weight("attn_k")?, bk),
-                (weight("attn_v")?, bv),
-            ];
-            let gate_up = vec![(weight("ffn_gate")?, None), (weight("ffn_up")?, None)];
+            let (qkv, qkv_names) = match fused_qkv {
+                true => (vec![(weight("attn_qkv")?, None)], &["attn_qkv"][..]),
+                false => (
+                    vec![
+                        (weight("attn_q")?, bq),
+                        (weight("attn_k")?, bk),
+                        (weight("attn_v")?, bv),
+                    ],
+                    &["attn_q", "attn_k", "attn_v"][..],
+                ),
+            };
+            let (gate_up, gate_up_names) = match fused_gate_up {
+                true => (vec![(weight("ffn_up")?, None)], &["ffn_up"][..]),
+                false => (
+                    vec![(weight("ffn_gate")?, None), (weight("ffn_up")?, None)],
+                    &["ffn_gate", "ffn_up"][..],
+                ),
+            };
+            let rows = |parts: &[(QTensor, Option<Tensor>)]| -> usize {
+                parts.iter().map(|(w, _)| w.shape().dims()[0]).sum()
+            };
+            let want_qkv = (config.n_head + 2 * config.n_kv_head) * config.head_dim;
+            if rows(&qkv) != want_qkv || rows(&gate_up) != 2 * config.n_ff {
+                return Err(gguf.gguf_error(format!(
+                    "blk.{i}: q/k/v projections have {} rows and gate/up {}, expected {want_qkv} \
+                     and {}",
+                    rows(&qkv),
+                    rows(&gate_up),
+                    2 * config.n_ff
+                )));
+            }
             let (wo, w_down) = (weight("attn_output")?, weight("ffn_down")?);
             let block = match adapter {
                 None => Block {
@@ -180,6 +227,7 @@ impl Transformer {
                     ffn_norm,
                     w_gate_up: Linear::fused(gate_up, plan, device)?,
                     w_down: Linear::new(w_down, None, plan, device)?,
+                    qk_norm,
                 },
                 Some(adapter) => {
                     // W + B A in f32, then the usual dense/quantized pair from it.
@@ -212,11 +260,12 @@ impl Transformer {
                         };
                     Block {
                         attn_norm,
-                        wqkv: merged(qkv, &["attn_q", "attn_k", "attn_v"])?,
+                        wqkv: merged(qkv, qkv_names)?,
                         wo: merged(vec![(wo, None)], &["attn_output"])?,
                         ffn_norm,
-                        w_gate_up: merged(gate_up, &["ffn_gate", "ffn_up"])?,
+                        w_gate_up: merged(gate_up, gate_up_names)?,
                         w_down: merged(vec![(w_down, None)], &["ffn_down"])?,
+                        qk_norm,
                     }
                 }
             };
@@ -417,9 +466,13 @@ impl Transformer {
                 .transpose(1, 2)?
                 .contiguous()?)
         };
-        let q = heads(0, cfg.n_head)?;
-        let k = heads(nq, cfg.n_kv_head)?;
+        let mut q = heads(0, cfg.n_head)?;
+        let mut k = heads(nq, cfg.n_kv_head)?;
         let v = heads(nq + nkv, cfg.n_kv_head)?;
+        if let Some((qn, kn)) = &self.blocks[layer].qk_norm {
+            q = super::rowwise::rms_norm(&q, qn, cfg.rms_eps)?;
+            k = super::rowwise::rms_norm(&k, kn, cfg.rms_eps)?;
+        }
         let (q, k) = if cfg.rope_interleaved {
             (
                 candle_nn::rotary_emb::rope_i(&q, cos, sin)?,

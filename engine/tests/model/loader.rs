@@ -35,7 +35,7 @@ fn load(path: &Path) -> memagent_engine::Result<LocalModel> {
 
 #[test]
 fn tiny_models_of_every_architecture_load_and_generate() {
-    for arch in ["llama", "qwen2"] {
+    for arch in ["llama", "qwen2", "qwen3", "phi3"] {
         let tiny = Tiny::new(arch);
         let path = tiny.write(arch);
         let info = ModelInfo::read(&path).unwrap();
