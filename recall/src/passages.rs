@@ -383,6 +383,37 @@ pub fn coverage(text: &str, question: &str) -> usize {
     wanted.iter().filter(|k| have.contains(k)).count()
 }
 
+/// The words of `question` (stop words aside, by their first six letters) that the
+/// fewest of `texts` hold, one text at least: what singles out what the question asks
+/// about among texts that share its other words ("cellar" among four passages giving
+/// "the access code for the …"). Empty when no text holds a word of it.
+pub fn rarest_words(texts: &[&str], question: &str) -> Vec<String> {
+    let held: Vec<Vec<String>> = texts.iter().map(|t| keys(t)).collect();
+    let mut wanted = keys(question);
+    wanted.sort_unstable();
+    wanted.dedup();
+    let counted: Vec<(String, usize)> = wanted
+        .into_iter()
+        .map(|k| {
+            let n = held.iter().filter(|h| h.contains(&k)).count();
+            (k, n)
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    let fewest = counted.iter().map(|(_, n)| *n).min().unwrap_or(0);
+    counted
+        .into_iter()
+        .filter(|(_, n)| *n == fewest)
+        .map(|(k, _)| k)
+        .collect()
+}
+
+/// Whether `text` holds one of `words` (as [`rarest_words`] gives them).
+pub fn holds_any(text: &str, words: &[String]) -> bool {
+    let have = keys(text);
+    words.iter().any(|w| have.contains(w))
+}
+
 /// The lines of a memory that bear on `question` (sharing the most words with it), at
 /// most `keep`, in the memory's order; `None` when no line shares a word. A small
 /// model answering beside passages copies whatever its notes hold, so notes about other
@@ -542,6 +573,20 @@ mod tests {
             assert_eq!(spans, whole.closed, "step {step}");
             assert_eq!(open, whole.open, "step {step}");
         }
+    }
+
+    #[test]
+    fn the_rarest_words_single_out_the_passage_asked_about() {
+        let q = "What is the access code for the cellar?";
+        let texts = [
+            "The access code for the north gate is 7368886.",
+            "The access code for the cellar is 4522457.",
+            "The access code for the east wing is 8922960.",
+        ];
+        let rare = rarest_words(&texts, q);
+        assert_eq!(rare, ["cellar"]);
+        assert!(holds_any(texts[1], &rare) && !holds_any(texts[2], &rare));
+        assert!(rarest_words(&["Fog at noon."], q).is_empty());
     }
 
     #[test]

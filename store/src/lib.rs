@@ -41,7 +41,9 @@ pub use ingest::{
     general_answer, general_answers, DeepAnswer, Ingestor, StepOutcome, GENERAL_ANSWER,
     GENERAL_UPDATE,
 };
-pub use memagent_recall::passages::{bearing_sentences, coverage, relevant_notes};
+pub use memagent_recall::passages::{
+    bearing_sentences, coverage, holds_any, names, rarest_words, relevant_notes,
+};
 pub use memagent_recall::{Embedder, Hit, Recall};
 pub use records::{
     Author, ChunkRecord, Cursor, FileRecord, MemoryVersion, QuestionRecord, SegmentRecord,

@@ -316,12 +316,9 @@ pub fn answer_with_evidence(
             .notes
             .and_then(|_| said(replies.next().expect("one reply for the notes")));
         let unit_said: Vec<Option<&str>> = units.iter().map(Option::as_deref).collect();
-        let coverage: Vec<usize> = a
-            .units
-            .iter()
-            .map(|(_, text)| memagent_store::coverage(text, question))
-            .collect();
-        let (answer, cited) = chosen_answer(question, &unit_said, &coverage, from_notes);
+        let texts: Vec<&str> = a.units.iter().map(|(_, t)| t.as_str()).collect();
+        let about = about_the_question(question, &texts, &unit_said);
+        let (answer, cited) = chosen_answer(question, &unit_said, &about, from_notes);
         let mut passages = a.passages;
         for ((passage, _), unit) in a.units.iter().zip(&units) {
             if let Some(unit) = unit {
@@ -349,23 +346,13 @@ pub fn answer_with_evidence(
 fn chosen_answer(
     question: &str,
     said: &[Option<&str>],
-    coverage: &[usize],
+    about: &[bool],
     from_notes: Option<String>,
 ) -> (String, Vec<usize>) {
-    // A passage missing two or more of the words asked about, where another answering
-    // passage holds them, speaks of something else ("the access code for the boathouse"
-    // for "the access code for the north gate"); one missing a single word may say the
-    // same thing in other words ("Ravi moved to Porto" for "where does my sister Ravi
-    // live").
-    let best = (0..said.len())
-        .filter(|&i| said[i].is_some())
-        .map(|i| coverage[i])
-        .max()
-        .unwrap_or(0);
     let mut answering = said
         .iter()
         .enumerate()
-        .filter(|&(i, _)| coverage[i] + 1 >= best)
+        .filter(|&(i, _)| about[i])
         .filter_map(|(i, s)| s.map(|s| (i, s)));
     let cited: Vec<(usize, &str)> = if asks_for_all(question) {
         let mut kept: Vec<(usize, &str)> = Vec::new();
@@ -384,6 +371,35 @@ fn chosen_answer(
     }
     let answer = cited.iter().map(|(_, s)| *s).collect::<Vec<_>>().join(" ");
     (answer, cited.into_iter().map(|(i, _)| i).collect())
+}
+
+/// Which of the `texts` that answered (`said`) speak of what `question` asks about; the
+/// small model answers from a passage about something else as readily as from the
+/// right one ("The access code for the cellar is 7368886" from the north gate's).
+/// - One missing two or more of the question's words, where another answering text
+///   holds them, speaks of something else ("the access code for the boathouse" for "the
+///   access code for the north gate"); one missing a single word may say the same thing
+///   in other words ("Ravi moved to Porto" for "where does my sister Ravi live").
+/// - When the question names no one (names are already required of every passage, see
+///   [`memagent_store::evidence_passages`]), a text must hold one of its words that the
+///   fewest texts hold: "cellar", not "access" and "code", which all four codes share.
+fn about_the_question(question: &str, texts: &[&str], said: &[Option<&str>]) -> Vec<bool> {
+    let answering: Vec<usize> = (0..texts.len()).filter(|&i| said[i].is_some()).collect();
+    let coverage: Vec<usize> = texts
+        .iter()
+        .map(|t| memagent_store::coverage(t, question))
+        .collect();
+    let best = answering.iter().map(|&i| coverage[i]).max().unwrap_or(0);
+    let rare = match memagent_store::names(question).is_empty() {
+        true => memagent_store::rarest_words(texts, question),
+        false => Vec::new(),
+    };
+    (0..texts.len())
+        .map(|i| {
+            coverage[i] + 1 >= best
+                && (rare.is_empty() || memagent_store::holds_any(texts[i], &rare))
+        })
+        .collect()
 }
 
 /// What one question needs of the batch.
@@ -515,26 +531,41 @@ mod tests {
             Some("Ravi moved to Krakow last month."),
             None,
         ];
-        // The move holds one word fewer of the question's: still the newest answer.
-        let coverage = [2, 0, 1, 0];
         let notes = Some("Ravi lives in Oslo.".to_string());
-        let (answer, cited) = chosen_answer(q, &said, &coverage, notes);
+        let (answer, cited) = chosen_answer(q, &said, &[true; 4], notes);
         assert_eq!(answer, "Ravi moved to Krakow last month.");
         assert_eq!(cited, [2]);
     }
 
     #[test]
-    fn a_passage_missing_two_asked_words_yields_to_one_holding_them() {
-        let q = "What is the access code for the north gate?";
-        let said = [
-            Some("The access code for the north gate is 4817263."),
-            Some("The access code for the north gate is 5550123."),
+    fn answers_from_passages_about_something_else_are_set_aside() {
+        // A move says less of the question and still counts.
+        let q = "Where does my sister Ravi live?";
+        let texts = [
+            "user: My sister Ravi lives in Graz.",
+            "user: Ravi moved to Krakow.",
         ];
-        let (answer, cited) = chosen_answer(q, &said, &[4, 2], None);
-        assert_eq!(
-            (answer.as_str(), cited),
-            ("The access code for the north gate is 4817263.", vec![0])
-        );
+        let said = [Some("Ravi lives in Graz."), Some("Ravi moved to Krakow.")];
+        assert_eq!(about_the_question(q, &texts, &said), [true, true]);
+        // Two words fewer: another gate.
+        let q = "What is the access code for the north gate?";
+        let texts = [
+            "The access code for the north gate is 4817263.",
+            "The access code for the boathouse is 5550123.",
+        ];
+        let said = [Some("It is 4817263."), Some("It is 5550123.")];
+        assert_eq!(about_the_question(q, &texts, &said), [true, false]);
+        // One word fewer, but the one that singles it out.
+        let q = "What is the access code for the cellar?";
+        let texts = [
+            "The access code for the cellar is 4522457.",
+            "The access code for the east wing is 8922960.",
+            "Dinner at eight.",
+        ];
+        let said = [Some("It is 4522457."), Some("It is 8922960."), None];
+        assert_eq!(about_the_question(q, &texts, &said), [true, false, false]);
+        let (answer, cited) = chosen_answer(q, &said, &[true, false, false], None);
+        assert_eq!((answer.as_str(), cited), ("It is 4522457.", vec![0]));
     }
 
     #[test]
@@ -546,7 +577,7 @@ mod tests {
             None,
             Some("the number is 41."),
         ];
-        let (answer, cited) = chosen_answer(q, &said, &[3, 3, 3, 3], None);
+        let (answer, cited) = chosen_answer(q, &said, &[true; 4], None);
         assert_eq!(answer, "The number is 41. The number is 7.");
         assert_eq!(cited, [0, 1]);
     }
@@ -554,9 +585,9 @@ mod tests {
     #[test]
     fn the_notes_answer_only_when_no_passage_says_then_not_known() {
         let q = "When is Kofi's birthday?";
-        let (answer, cited) = chosen_answer(q, &[None, None], &[2, 2], Some("On May 2.".into()));
+        let (answer, cited) = chosen_answer(q, &[None, None], &[true; 2], Some("On May 2.".into()));
         assert_eq!((answer.as_str(), cited.len()), ("On May 2.", 0));
-        let (answer, cited) = chosen_answer(q, &[None], &[0], None);
+        let (answer, cited) = chosen_answer(q, &[None], &[true], None);
         assert!(abstains(&answer), "{answer}");
         assert!(cited.is_empty());
     }
