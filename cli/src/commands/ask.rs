@@ -7,7 +7,7 @@ use anyhow::Result;
 use indicatif::ProgressBar;
 use memagent_engine::agent::{AgentRun, AnswerReport, Progress, StepReport, NO_MEMORY};
 use memagent_store::MemoryVersion;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::ModelBackend;
 use crate::cli::AskArgs;
@@ -71,12 +71,11 @@ pub fn run(global: &Settings, args: &AskArgs) -> Result<()> {
     let answer = match &evidence {
         None => run.final_answer.answer.clone(),
         Some((report, used)) if !args.json => {
-            let mut text = report.answer.trim().to_string();
-            for e in used.iter().filter(|e| e.cited) {
-                let at = super::recall::citation(&serde_json::to_value(e)?);
-                text.push_str(&format!("\n  from {at}"));
-            }
-            text
+            let passages: Vec<Value> = used
+                .iter()
+                .map(serde_json::to_value)
+                .collect::<Result<_, _>>()?;
+            super::recall::with_citations(&report.answer, &passages)
         }
         Some((report, used)) => {
             // The memory's own answer stays beside it, under `memory_answer`.

@@ -147,6 +147,16 @@ pub fn search(global: &Settings, args: &SearchArgs) -> Result<()> {
 }
 
 /// `stream bytes a..b · file:line · memory vN · score`, as a result's header.
+/// An answer's text, then a line for each of `passages` (JSON, as answers give them)
+/// that it cites: "from notes.md:3 (time)".
+pub fn with_citations(answer: &str, passages: &[Value]) -> String {
+    let mut text = answer.trim().to_string();
+    for p in passages.iter().filter(|p| p["cited"] == true) {
+        text.push_str(&format!("\n  from {}", citation(p)));
+    }
+    text
+}
+
 /// Where a passage is, short: its file and line (or its stream's bytes), and the chat
 /// turn's time when it has one.
 pub fn citation(p: &Value) -> String {

@@ -398,15 +398,10 @@ pub fn answer_text(answer: &serde_json::Value) -> &str {
     answer[key].as_str().unwrap_or_default()
 }
 
-/// An answer's text, then a line for each passage it cites ("from notes.md:3, …").
+/// An answer's text, then a line for each passage it cites.
 fn cited_answer(answer: &serde_json::Value) -> String {
-    let mut text = answer_text(answer).trim().to_string();
-    for p in answer["passages"].as_array().into_iter().flatten() {
-        if p["cited"] == true {
-            text.push_str(&format!("\n  from {}", super::recall::citation(p)));
-        }
-    }
-    text
+    let passages = answer["passages"].as_array().map_or(&[][..], Vec::as_slice);
+    super::recall::with_citations(answer_text(answer), passages)
 }
 
 /// One question's answer alone; several, each under its question.
