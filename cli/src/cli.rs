@@ -845,6 +845,16 @@ pub struct ProfileArgs {
     /// past M) [default: `writer` under [profile] in the config file, then rewrite]
     #[arg(long, value_name = "WRITER")]
     pub writer: Option<memagent_engine::agent::Writer>,
+
+    /// How the loop reads each chunk when it has a question: `focused` (only the
+    /// sentences bearing on the question, by its names, numbers and codes or else two of
+    /// its words, following the names and numbers of the sentences kept; a chunk with none
+    /// leaves the memory as it was) or `whole` (the whole chunk, the MemAgent protocol)
+    /// [default: `reading` under [profile] in the config file, then focused for models
+    /// of the small profile (under 1B parameters) and whole for larger ones, which the
+    /// RL-trained checkpoints are]
+    #[arg(long, value_name = "READING")]
+    pub reading: Option<memagent_engine::agent::Reading>,
 }
 
 /// Named loop profiles.

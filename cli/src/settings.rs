@@ -73,6 +73,8 @@ pub struct ProfileConfig {
     pub answer_tokens: Option<usize>,
     /// How the general memory is written: `rewrite` or `lines`.
     pub writer: Option<String>,
+    /// How question-mode steps read their chunk: `focused` or `whole`.
+    pub reading: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

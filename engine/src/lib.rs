@@ -28,6 +28,7 @@ mod sampling;
 #[doc(hidden)]
 pub mod testing;
 mod tokenizer;
+pub mod words;
 
 pub use adapter::{
     default_adapter_path, export_merged, resolve as resolve_adapter, Adapter, AdapterChoice,

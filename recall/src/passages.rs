@@ -8,6 +8,9 @@
 //! is cut provisionally, the same way as if its last line were complete, and cut again
 //! from its start when more text arrives.
 
+use memagent_engine::words::{keys, sentences};
+pub use memagent_engine::words::{lowercase_names, mentions, names};
+
 /// A paragraph that ends (a blank line) closes its passage once it holds this many words.
 pub const MIN_WORDS: usize = 60;
 /// A passage closes at this many words; the next one starts [`OVERLAP_WORDS`] back.
@@ -155,149 +158,10 @@ fn cut_lines(text: &str, last_complete: bool) -> (Vec<Span>, usize) {
     (closed, rest)
 }
 
-/// Words too common to tell sentences apart.
-const STOP_WORDS: &[&str] = &[
-    "a",
-    "an",
-    "the",
-    "is",
-    "are",
-    "was",
-    "were",
-    "be",
-    "been",
-    "am",
-    "do",
-    "does",
-    "did",
-    "of",
-    "to",
-    "in",
-    "on",
-    "at",
-    "for",
-    "by",
-    "with",
-    "and",
-    "or",
-    "but",
-    "if",
-    "it",
-    "its",
-    "this",
-    "that",
-    "these",
-    "those",
-    "what",
-    "which",
-    "who",
-    "whom",
-    "whose",
-    "when",
-    "where",
-    "why",
-    "how",
-    "i",
-    "me",
-    "my",
-    "you",
-    "your",
-    "we",
-    "our",
-    "he",
-    "she",
-    "his",
-    "her",
-    "they",
-    "their",
-    "them",
-    "there",
-    "here",
-    "as",
-    "from",
-    "about",
-    "can",
-    "could",
-    "would",
-    "should",
-    "will",
-    "shall",
-    "have",
-    "has",
-    "had",
-    "not",
-    "no",
-    "so",
-    "than",
-    "then",
-    "any",
-    "all",
-    "user",
-    "assistant",
-    "s",
-];
-
-/// A word's key for matching: lower case, its first six characters (so that "birthday"
-/// meets "birthdays"), stop words dropped.
-fn keys(text: &str) -> Vec<String> {
-    text.split(|c: char| !c.is_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .map(str::to_lowercase)
-        .filter(|w| !STOP_WORDS.contains(&w.as_str()))
-        .map(|w| w.chars().take(6).collect())
-        .collect()
-}
-
 /// Whether `passage` shares a word (stop words aside) with `question`.
 pub fn shares_words(passage: &str, question: &str) -> bool {
     let have = keys(passage);
     keys(question).iter().any(|w| have.contains(w))
-}
-
-/// The names in `question`: capitalised words that do not start a sentence (`I` aside),
-/// without a possessive `'s`.
-pub fn names(question: &str) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    let mut starts = true;
-    for word in question.split_whitespace() {
-        let bare = word.trim_matches(|c: char| !c.is_alphanumeric());
-        let bare = bare
-            .strip_suffix("'s")
-            .or_else(|| bare.strip_suffix("\u{2019}s"))
-            .unwrap_or(bare);
-        let capital = bare.chars().next().is_some_and(char::is_uppercase);
-        if !starts && capital && bare != "I" && !out.iter().any(|n| n == bare) {
-            out.push(bare.to_string());
-        }
-        starts = word.ends_with(['.', '?', '!', ':']);
-    }
-    out
-}
-
-/// The sentences of `text`: each line cut after `.`, `?` or `!` that follows a letter,
-/// a digit or a closing quote or bracket and precedes a space (so "3.5" stays whole);
-/// empty ones dropped.
-fn sentences(text: &str) -> Vec<&str> {
-    let mut out: Vec<&str> = Vec::new();
-    for line in text.lines() {
-        let bytes = line.as_bytes();
-        let mut from = 0;
-        for (i, c) in line.char_indices() {
-            let ends = matches!(c, '.' | '?' | '!')
-                && bytes.get(i + 1) == Some(&b' ')
-                && line[..i]
-                    .chars()
-                    .last()
-                    .is_some_and(|c| c.is_alphanumeric() || matches!(c, ')' | '"' | '\''));
-            if ends {
-                out.push(line[from..=i].trim());
-                from = i + 1;
-            }
-        }
-        out.push(line[from..].trim());
-    }
-    out.retain(|s| !s.is_empty());
-    out
 }
 
 /// Indices of the `units` sharing the most words with `question` (at least one), at
@@ -323,17 +187,6 @@ fn best_units(units: &[&str], question: &str, keep: usize) -> Vec<usize> {
     let mut chosen: Vec<usize> = scored.iter().take(keep).map(|(_, i)| *i).collect();
     chosen.sort_unstable();
     chosen
-}
-
-/// The question's [`names`], lower case, for [`mentions`].
-pub fn lowercase_names(question: &str) -> Vec<String> {
-    names(question).iter().map(|n| n.to_lowercase()).collect()
-}
-
-/// Whether `text` holds one of `names` (lower case), ignoring case.
-pub fn mentions(text: &str, names: &[String]) -> bool {
-    let text = text.to_lowercase();
-    names.iter().any(|n| text.contains(n.as_str()))
 }
 
 /// The sentences of `passage` that share the most words with `question`, at most

@@ -208,38 +208,42 @@ impl ModelBackend {
         Ok(self.identity.get_or_init(|| identity).clone())
     }
 
+    /// The model's own profile (--profile, else from its size), before the sizes given
+    /// on the command line or in the config file.
+    fn model_profile(&self, overrides: &ProfileArgs) -> Result<Profile> {
+        Ok(match (&self.inner, overrides.profile) {
+            (_, Some(kind)) => kind.profile(),
+            (Inner::Local(model), None) => {
+                Profile::for_model(model.name(), Some(model.parameters()))
+            }
+            (
+                Inner::Remote {
+                    backend,
+                    tokenizer_parameters,
+                    ..
+                },
+                None,
+            ) => {
+                let name = &backend.options().model;
+                let Some(parameters) = backend.options().parameters.or(*tokenizer_parameters)
+                else {
+                    anyhow::bail!(
+                        "the size of the remote model {name} is unknown, so the loop \
+                         cannot choose its chunk and memory sizes: pass --profile small \
+                         (models under 1B parameters: C = 1024, M = 256) or --profile \
+                         paper (C = 5000, M = 1024), or --tokenizer with the served \
+                         model's GGUF file"
+                    );
+                };
+                Profile::for_model(name, Some(parameters))
+            }
+        })
+    }
+
     /// The model's default profile with the command line's overrides.
     pub fn profile(&self, overrides: &ProfileArgs) -> Result<Profile> {
         // The model's own profile, needed only for the sizes nothing else gives.
-        let base = || -> Result<Profile> {
-            Ok(match (&self.inner, overrides.profile) {
-                (_, Some(kind)) => kind.profile(),
-                (Inner::Local(model), None) => {
-                    Profile::for_model(model.name(), Some(model.parameters()))
-                }
-                (
-                    Inner::Remote {
-                        backend,
-                        tokenizer_parameters,
-                        ..
-                    },
-                    None,
-                ) => {
-                    let name = &backend.options().model;
-                    let Some(parameters) = backend.options().parameters.or(*tokenizer_parameters)
-                    else {
-                        anyhow::bail!(
-                            "the size of the remote model {name} is unknown, so the loop \
-                             cannot choose its chunk and memory sizes: pass --profile small \
-                             (models under 1B parameters: C = 1024, M = 256) or --profile \
-                             paper (C = 5000, M = 1024), or --tokenizer with the served \
-                             model's GGUF file"
-                        );
-                    };
-                    Profile::for_model(name, Some(parameters))
-                }
-            })
-        };
+        let base = || self.model_profile(overrides);
         let config = &self.profile;
         let size = |given: Option<usize>, from: fn(&Profile) -> usize| -> Result<usize> {
             match given {
@@ -274,6 +278,27 @@ impl ModelBackend {
         }
     }
 
+    /// How question-mode steps read their chunk: --reading, else the config file's,
+    /// else focused for models of the small profile and whole for the others (the
+    /// RL-trained checkpoints read whole chunks).
+    pub fn reading(&self, overrides: &ProfileArgs) -> Result<memagent_engine::agent::Reading> {
+        if let Some(r) = overrides.reading {
+            return Ok(r);
+        }
+        match &self.profile.reading {
+            Some(name) => name
+                .parse()
+                .with_context(|| "`reading` under [profile] in the configuration file".to_string()),
+            None => Ok(
+                if matches!(self.model_profile(overrides), Ok(p) if p == Profile::SMALL) {
+                    memagent_engine::agent::Reading::Focused
+                } else {
+                    memagent_engine::agent::Reading::Whole
+                },
+            ),
+        }
+    }
+
     /// The embedder the line writer compares lines with, when it writes the memory.
     pub fn writer_embedder(
         &self,
@@ -292,8 +317,10 @@ impl ModelBackend {
         settings: &LoopArgs,
         f: impl FnOnce(&MemoryAgent<'_>) -> Result<R>,
     ) -> Result<R> {
+        let reading = self.reading(&settings.profile)?;
         let configure = |mut agent: MemoryAgent<'_>| {
             agent.final_form = settings.profile.final_template;
+            agent.reading = reading;
             agent.sampling = settings.sampling.params();
             agent.draft_tokens = settings.sampling.draft_tokens;
             f(&agent)

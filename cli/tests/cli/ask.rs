@@ -267,6 +267,9 @@ fn ask_through_an_openai_compatible_server() {
             model.to_str().unwrap(),
             "--chunk-tokens",
             "64",
+            // Every chunk goes to the server, as the protocol has it.
+            "--reading",
+            "whole",
             "--json",
             "--memory-only",
             "What changed at the bakery?",
@@ -336,4 +339,69 @@ fn a_remote_model_of_unknown_size_needs_a_profile() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(!stderr(&o).contains("--profile small"), "{}", stderr(&o));
     assert!(stderr(&o).contains("--tokenizer"), "{}", stderr(&o));
+}
+
+/// Filler sentences about nothing the question asks.
+const FILLER: &str = "The bakery on the corner changed its opening hours. The ferry timetable \
+    was updated for the winter. The library extended its weekend hours. A new bench was \
+    placed by the pond. The market sold apples and pears all week. ";
+
+#[test]
+fn a_focused_reading_skips_chunks_without_the_question_s_words() {
+    let dir = tempdir();
+    let file = dir.join("notes.txt");
+    let document = format!(
+        "{}Let QXRTV hold 48213. {}Let MWPLA hold whatever QXRTV holds. {}",
+        FILLER.repeat(3),
+        FILLER.repeat(3),
+        FILLER.repeat(3)
+    );
+    std::fs::write(&file, &document).unwrap();
+    let question = "Which names end up holding 48213 in the text above?";
+    let run = |reading: &str| {
+        let o = ask(
+            &[
+                "--file",
+                file.to_str().unwrap(),
+                "--json",
+                "--memory-only",
+                "--chunk-tokens",
+                "96",
+                "--reading",
+                reading,
+                question,
+            ],
+            "",
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice::<Value>(&o.stdout).unwrap()
+    };
+    let focused = run("focused");
+    let steps = focused["steps"].as_array().unwrap();
+    assert!(steps.len() >= 4, "{focused:#}");
+    let mut read = 0;
+    for step in steps {
+        let note = step["focus"]
+            .as_str()
+            .expect("a focused step says what it read");
+        if note.contains("none of") {
+            assert_eq!(step["completion_tokens"], 0, "{step:#}");
+        } else {
+            read += 1;
+        }
+    }
+    assert!((1..steps.len()).contains(&read), "{focused:#}");
+    // The chain is followed: both assignments are in the last memory, whatever the
+    // model wrote.
+    let last = steps.last().unwrap()["memory"].as_str().unwrap();
+    assert!(
+        last.contains("QXRTV") && last.contains("MWPLA"),
+        "{focused:#}"
+    );
+
+    let whole = run("whole");
+    for step in whole["steps"].as_array().unwrap() {
+        assert!(step["focus"].is_null(), "{step:#}");
+        assert!(step["completion_tokens"].as_u64().unwrap() > 0, "{step:#}");
+    }
 }

@@ -70,6 +70,9 @@ pub fn degenerate(line: &str, template: Template) -> Option<&'static str> {
     if is_chat_turn(key) {
         return Some("copy a chat turn");
     }
+    if speaks_of_the_memory(key) && !names_anything(key) {
+        return Some("speak of the memory instead of its content");
+    }
     if template_lines(template).any(|l| l == key || line_key(l) == key)
         || quotes_instructions(key, template)
     {
@@ -171,6 +174,54 @@ fn says_nothing(line: &str) -> bool {
         !subject.is_empty() && (rest == subject || rest.starts_with(&format!("{subject}'s")))
     });
     chained || restated
+}
+
+/// Whether a line speaks of the memory rather than of what it read ("The previous memory
+/// contains the names of …", "The new memory is:"): the prompt's own words about its
+/// slots, which a small model repeats in place of the facts.
+fn speaks_of_the_memory(line: &str) -> bool {
+    let lower = line.to_lowercase();
+    let rest = lower.strip_prefix("the ").unwrap_or(&lower);
+    let rest = ["previous ", "new ", "updated ", "current ", "old "]
+        .iter()
+        .find_map(|w| rest.strip_prefix(w))
+        .unwrap_or(rest);
+    let Some(after) = rest.strip_prefix("memory") else {
+        return false;
+    };
+    let after = after.trim_start();
+    let verb = after
+        .split(|c: char| !c.is_alphabetic())
+        .next()
+        .unwrap_or("");
+    after.is_empty()
+        || after.starts_with([':', '.'])
+        || [
+            "contains", "is", "was", "has", "had", "includes", "holds", "now", "remains", "says",
+            "states", "lists", "mentions", "shows",
+        ]
+        .contains(&verb)
+}
+
+/// Whether `line`, quotations aside, holds a name, a number or a code: a line about
+/// the memory that names what it holds ("The previous memory contains the names of
+/// NODVR and FZJUW.") still says something.
+fn names_anything(line: &str) -> bool {
+    let mut outside = String::new();
+    let mut quoted = false;
+    for c in line.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            '\u{201C}' => quoted = true,
+            '\u{201D}' => quoted = false,
+            c if !quoted => outside.push(c),
+            _ => {}
+        }
+    }
+    let found = super::focus::distinctive(&outside, &crate::words::names(&outside))
+        .next()
+        .is_some();
+    found
 }
 
 /// Whether a line is a chat turn as a log renders it: an optional `[time]`, a role, an
@@ -347,6 +398,8 @@ mod tests {
 4. 23] user (Marisol): The ferry ran late earlier on.\n\
 5. The code is 1.11.1.1.1\n\
 6. Updated memory:\n\
+6. The previous memory contains the answer to the question \"Which number is for the Rhine?\"\n\
+6. The new memory:\n\
 6. The section contains a reference to a section of an article that may contain the answer.\n\
 7. The budget is 1,000,000 euros.";
         let (text, note) = clean(memory, "old", UPDATE);
@@ -369,7 +422,8 @@ mod tests {
         assert!(
             note.contains("2 lines that repeat a span of words")
                 && note.contains("3 lines that copy a chat turn")
-                && note.contains("2 lines that repeat the instructions"),
+                && note.contains("1 line that repeat the instructions")
+                && note.contains("3 lines that speak of the memory instead of its content"),
             "{note}"
         );
     }
@@ -399,6 +453,9 @@ mod tests {
             "Ingrid is the user's neighbour.",
             "The plan is the plan we agreed on in May.",
             "The user decided to book the hotel for the team in May.",
+            "The memorial opens in May.",
+            "The new memory card holds 64 GB.",
+            "The previous memory contains the names of NODVR and FZJUW.",
         ] {
             assert_eq!(degenerate(line, GENERAL_UPDATE), None, "{line}");
             assert_eq!(degenerate(line, UPDATE), None, "{line}");

@@ -7,6 +7,7 @@
 //! memories between steps can drive it chunk by chunk.
 
 mod backend;
+pub mod focus;
 pub mod hygiene;
 pub mod lines;
 mod protocol;
@@ -59,6 +60,31 @@ impl std::str::FromStr for Writer {
             "lines" => Ok(Self::Lines),
             other => Err(Error::InvalidRequest(format!(
                 "unknown memory writer `{other}`; use rewrite or lines"
+            ))),
+        }
+    }
+}
+
+/// How question-mode steps read their chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reading {
+    /// The model reads the whole chunk (the MemAgent protocol).
+    #[default]
+    Whole,
+    /// The model reads only the chunk's sentences that bear on the question, and a
+    /// chunk with none leaves the memory as it was ([`focus`]).
+    Focused,
+}
+
+impl std::str::FromStr for Reading {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "whole" => Ok(Self::Whole),
+            "focused" => Ok(Self::Focused),
+            other => Err(Error::InvalidRequest(format!(
+                "unknown reading `{other}`; use whole or focused"
             ))),
         }
     }
@@ -151,6 +177,10 @@ pub struct StepReport {
     /// because the reply was empty or echoed the instructions); absent when nothing.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repaired: Option<String>,
+    /// What a focused step read of its chunk ([`Reading::Focused`]); absent when the
+    /// whole chunk was read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub focus: Option<String>,
     /// Decode passes and speculative drafting of the reply (local models only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub decoding: Option<DecodeStats>,
@@ -231,6 +261,8 @@ pub struct MemoryAgent<'a> {
     /// Replies never end at an end-of-turn token: each runs to its cap unless the repeat
     /// guard stops it (fixed-length benchmarks; memories written so are not useful).
     pub ignore_eos: bool,
+    /// How question-mode steps of [`MemoryAgent::run`] read their chunk.
+    pub reading: Reading,
 }
 
 /// Default span of [`MemoryAgent::repeat_guard`], in tokens.
@@ -251,6 +283,7 @@ impl<'a> MemoryAgent<'a> {
             repeat_guard: Some(REPEAT_GUARD_TOKENS),
             draft_tokens: DEFAULT_DRAFT_TOKENS,
             ignore_eos: false,
+            reading: Reading::default(),
         }
     }
 
@@ -370,6 +403,9 @@ impl<'a> MemoryAgent<'a> {
         template: Template,
         steps: &[(&str, &str, &Chunk)],
     ) -> Result<Vec<StepReport>> {
+        if steps.is_empty() {
+            return Ok(Vec::new());
+        }
         let messages: Vec<String> = steps
             .iter()
             .map(|(question, memory, chunk)| template.fill(question, memory, &chunk.text))
@@ -421,6 +457,7 @@ impl<'a> MemoryAgent<'a> {
                 seconds: reply.seconds,
                 memory: merged,
                 repaired: None,
+                focus: None,
                 decoding: reply.decoding,
                 timings: reply.timings,
             };
@@ -510,8 +547,65 @@ impl<'a> MemoryAgent<'a> {
             seconds,
             memory,
             repaired,
+            focus: None,
             decoding: reply.decoding,
             timings: reply.timings,
+        })
+    }
+
+    /// Adds back to a focused step's memory the sentences read so far whose facts the
+    /// model's rewrite lost ([`focus::restore`]), within M.
+    fn restore_lost(&self, step: &mut StepReport, read: &[String], question: &str) -> Result<()> {
+        let cap = self.profile.memory_tokens;
+        let mut failed = None;
+        let mut fits = |memory: &str| match self.tokenizer.encode(memory) {
+            Ok(ids) => ids.len() <= cap,
+            Err(e) => {
+                failed = Some(e);
+                false
+            }
+        };
+        // The first memory starts from nothing rather than from "No previous memory".
+        let written = if step.memory.trim() == NO_MEMORY.trim() {
+            ""
+        } else {
+            step.memory.as_str()
+        };
+        let (memory, added) = focus::restore(written, read, question, &mut fits);
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if added > 0 {
+            step.memory_tokens = self.tokenizer.encode(&memory)?.len();
+            step.memory = memory;
+            let note = format!(
+                "added back {added} sentence{} read whose facts the rewrite lost",
+                if added == 1 { "" } else { "s" }
+            );
+            step.repaired = Some(match step.repaired.take() {
+                Some(r) => format!("{r}; {note}"),
+                None => note,
+            });
+        }
+        Ok(())
+    }
+
+    /// The report of a step whose chunk held nothing to read: the memory stays.
+    fn unread_step(&self, memory: &str, chunk: &Chunk) -> Result<StepReport> {
+        Ok(StepReport {
+            index: 0,
+            chunk_tokens: chunk.tokens,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            memory_tokens: self.tokenizer.encode(memory)?.len(),
+            cut: false,
+            stop_reason: StopReason::EndOfTurn,
+            seconds: 0.0,
+            memory: memory.to_string(),
+            repaired: None,
+            focus: None,
+            decoding: None,
+            timings: None,
         })
     }
 
@@ -635,17 +729,51 @@ impl<'a> MemoryAgent<'a> {
             .iter()
             .map(|(chunks, _)| Vec::with_capacity(chunks.len()))
             .collect();
+        let mut focus: Vec<focus::Focus> = match self.reading {
+            Reading::Whole => Vec::new(),
+            Reading::Focused => jobs.iter().map(|(_, q)| focus::Focus::new(q)).collect(),
+        };
         let rounds = documents.iter().map(|(c, _)| c.len()).max().unwrap_or(0);
         for round in 0..rounds {
             let active: Vec<usize> = (0..jobs.len())
                 .filter(|&i| round < documents[i].0.len())
                 .collect();
+            // What each active job reads this round: its chunk, or (focused) the
+            // sentences bearing on its question, if any.
+            let read: Vec<(Option<Chunk>, Option<focus::Focused>)> = active
+                .iter()
+                .map(|&i| {
+                    let chunk = &documents[i].0[round];
+                    match focus.get_mut(i) {
+                        None => (Some(chunk.clone()), None),
+                        Some(focus) => {
+                            let focused = focus.read(&chunk.text);
+                            let chunk = focused.text().map(|text| Chunk {
+                                text,
+                                tokens: chunk.tokens,
+                            });
+                            (chunk, Some(focused))
+                        }
+                    }
+                })
+                .collect();
             let inputs: Vec<(&str, &str, &Chunk)> = active
                 .iter()
-                .map(|&i| (jobs[i].1, memories[i].as_str(), &documents[i].0[round]))
+                .zip(&read)
+                .filter_map(|(&i, (chunk, _))| {
+                    chunk.as_ref().map(|c| (jobs[i].1, memories[i].as_str(), c))
+                })
                 .collect();
-            let reports = self.update_many(UPDATE, &inputs)?;
-            for (&i, mut step) in active.iter().zip(reports) {
+            let mut updated = self.update_many(UPDATE, &inputs)?.into_iter();
+            for (&i, (chunk, focused)) in active.iter().zip(read) {
+                let mut step = match chunk {
+                    Some(_) => updated.next().expect("one report per chunk read"),
+                    None => self.unread_step(&memories[i], &documents[i].0[round])?,
+                };
+                if let Some(focused) = focused {
+                    self.restore_lost(&mut step, focus[i].read_so_far(), jobs[i].1)?;
+                    step.focus = Some(focused.note());
+                }
                 step.index = round + 1;
                 tracing::debug!(
                     step = step.index,

@@ -1,0 +1,152 @@
+//! Words of questions and texts as the loop and recall compare them: sentences, word
+//! keys (stop words aside, first six letters) and the names a question asks about.
+
+/// Words too common to tell sentences apart.
+const STOP_WORDS: &[&str] = &[
+    "a",
+    "an",
+    "the",
+    "is",
+    "are",
+    "was",
+    "were",
+    "be",
+    "been",
+    "am",
+    "do",
+    "does",
+    "did",
+    "of",
+    "to",
+    "in",
+    "on",
+    "at",
+    "for",
+    "by",
+    "with",
+    "and",
+    "or",
+    "but",
+    "if",
+    "it",
+    "its",
+    "this",
+    "that",
+    "these",
+    "those",
+    "what",
+    "which",
+    "who",
+    "whom",
+    "whose",
+    "when",
+    "where",
+    "why",
+    "how",
+    "i",
+    "me",
+    "my",
+    "you",
+    "your",
+    "we",
+    "our",
+    "he",
+    "she",
+    "his",
+    "her",
+    "they",
+    "their",
+    "them",
+    "there",
+    "here",
+    "as",
+    "from",
+    "about",
+    "can",
+    "could",
+    "would",
+    "should",
+    "will",
+    "shall",
+    "have",
+    "has",
+    "had",
+    "not",
+    "no",
+    "so",
+    "than",
+    "then",
+    "any",
+    "all",
+    "user",
+    "assistant",
+    "s",
+];
+
+/// A word's key for matching: lower case, its first six characters (so that "birthday"
+/// meets "birthdays"), stop words dropped.
+pub fn keys(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .filter(|w| !STOP_WORDS.contains(&w.as_str()))
+        .map(|w| w.chars().take(6).collect())
+        .collect()
+}
+
+/// The names in `question`: capitalised words that do not start a sentence (`I` aside),
+/// without a possessive `'s`.
+pub fn names(question: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut starts = true;
+    for word in question.split_whitespace() {
+        let bare = word.trim_matches(|c: char| !c.is_alphanumeric());
+        let bare = bare
+            .strip_suffix("'s")
+            .or_else(|| bare.strip_suffix("\u{2019}s"))
+            .unwrap_or(bare);
+        let capital = bare.chars().next().is_some_and(char::is_uppercase);
+        if !starts && capital && bare != "I" && !out.iter().any(|n| n == bare) {
+            out.push(bare.to_string());
+        }
+        starts = word.ends_with(['.', '?', '!', ':']);
+    }
+    out
+}
+
+/// The sentences of `text`: each line cut after `.`, `?` or `!` that follows a letter,
+/// a digit or a closing quote or bracket and precedes a space (so "3.5" stays whole);
+/// empty ones dropped.
+pub fn sentences(text: &str) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    for line in text.lines() {
+        let bytes = line.as_bytes();
+        let mut from = 0;
+        for (i, c) in line.char_indices() {
+            let ends = matches!(c, '.' | '?' | '!')
+                && bytes.get(i + 1) == Some(&b' ')
+                && line[..i]
+                    .chars()
+                    .last()
+                    .is_some_and(|c| c.is_alphanumeric() || matches!(c, ')' | '"' | '\''));
+            if ends {
+                out.push(line[from..=i].trim());
+                from = i + 1;
+            }
+        }
+        out.push(line[from..].trim());
+    }
+    out.retain(|s| !s.is_empty());
+    out
+}
+
+/// The question's [`names`], lower case, for [`mentions`].
+pub fn lowercase_names(question: &str) -> Vec<String> {
+    names(question).iter().map(|n| n.to_lowercase()).collect()
+}
+
+/// Whether `text` holds one of `names` (lower case), ignoring case.
+pub fn mentions(text: &str, names: &[String]) -> bool {
+    let text = text.to_lowercase();
+    names.iter().any(|n| text.contains(n.as_str()))
+}
