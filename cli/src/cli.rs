@@ -842,7 +842,8 @@ pub struct ProfileArgs {
     /// the whole memory, the MemAgent protocol) or `lines` (the model writes only the
     /// chunk's new facts; they are merged in by code, duplicates skipped, a newer line
     /// about the same thing replacing the older, and the model rewrites only to compact
-    /// past M) [default: `writer` under [profile] in the config file, then rewrite]
+    /// past M) [default: `writer` under [profile] in the config file, then the writer
+    /// the model's adapter was trained for (the default model's: lines), then rewrite]
     #[arg(long, value_name = "WRITER")]
     pub writer: Option<memagent_engine::agent::Writer>,
 

@@ -78,6 +78,30 @@ pub struct AdapterManifest {
     pub base_model: Option<String>,
     #[serde(default)]
     pub rank: Option<usize>,
+    /// How the adapter was trained (`memctl train`'s settings).
+    #[serde(default)]
+    pub config: Option<TrainedWith>,
+}
+
+/// The part of an adapter's training settings that inference follows.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct TrainedWith {
+    #[serde(default)]
+    pub data: Option<TrainedData>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct TrainedData {
+    /// The memory writer whose steps it learned.
+    #[serde(default)]
+    pub writer: Option<crate::agent::Writer>,
+}
+
+impl AdapterManifest {
+    /// The memory writer the adapter was trained to write with, when it says.
+    pub fn writer(&self) -> Option<crate::agent::Writer> {
+        self.config.as_ref()?.data.as_ref()?.writer
+    }
 }
 
 /// A loaded adapter.

@@ -241,6 +241,7 @@ pub struct LocalModel {
     template: ChatTemplate,
     transformer: Transformer,
     adapter: Option<PathBuf>,
+    adapter_writer: Option<crate::agent::Writer>,
     prefixes: Mutex<PrefixCache>,
 }
 
@@ -291,6 +292,7 @@ impl LocalModel {
             tokenizer,
             template,
             transformer,
+            adapter_writer: adapter.as_ref().and_then(|a| a.manifest.writer()),
             adapter: adapter.map(|a| a.path),
             prefixes: Mutex::new(PrefixCache::default()),
         })
@@ -307,6 +309,11 @@ impl LocalModel {
     /// The adapter merged into the weights, if any.
     pub fn adapter(&self) -> Option<&Path> {
         self.adapter.as_deref()
+    }
+
+    /// The memory writer the merged adapter was trained for, when it says.
+    pub fn adapter_writer(&self) -> Option<crate::agent::Writer> {
+        self.adapter_writer
     }
 
     /// Number of weights in the file.

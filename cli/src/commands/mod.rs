@@ -264,8 +264,8 @@ impl ModelBackend {
         })
     }
 
-    /// How the general memory is written: --writer, else the config file's, else
-    /// rewrite.
+    /// How the general memory is written: --writer, else the config file's, else the
+    /// one the model's adapter was trained for, else rewrite.
     pub fn writer(&self, overrides: &ProfileArgs) -> Result<memagent_engine::agent::Writer> {
         if let Some(w) = overrides.writer {
             return Ok(w);
@@ -274,7 +274,10 @@ impl ModelBackend {
             Some(name) => name
                 .parse()
                 .with_context(|| "`writer` under [profile] in the configuration file".to_string()),
-            None => Ok(memagent_engine::agent::Writer::default()),
+            None => Ok(match &self.inner {
+                Inner::Local(model) => model.adapter_writer().unwrap_or_default(),
+                Inner::Remote { .. } => memagent_engine::agent::Writer::default(),
+            }),
         }
     }
 

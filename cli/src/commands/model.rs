@@ -36,6 +36,7 @@ pub fn info(global: &Settings, json: bool) -> Result<()> {
                 "base_sha256": adapter.manifest.base_sha256, "base_matches": matches,
                 "default": choice == AdapterChoice::Default,
                 "applied": matches,
+                "writer": adapter.manifest.writer(),
             }))
         }
         None => None,
@@ -84,11 +85,12 @@ pub fn info(global: &Settings, json: bool) -> Result<()> {
     match &adapter {
         Some(a) => writeln!(
             out,
-            "adapter:        {}{} ({} projections, rank {}, base {})",
+            "adapter:        {}{} ({} projections, rank {}, writer {}, base {})",
             if a["default"] == true { "default " } else { "" },
             a["path"].as_str().unwrap_or("-"),
             a["projections"],
             a["rank"],
+            a["writer"].as_str().unwrap_or("not stated"),
             match (a["base_matches"] == true, a["default"] == true) {
                 (true, _) => "matches",
                 (false, true) => "does not match: not applied, the base model is used",

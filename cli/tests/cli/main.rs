@@ -106,8 +106,13 @@ fn model_info_describes_the_default_model() {
         .as_str()
         .unwrap()
         .contains("<|im_start|>"));
+    // scripts/fetch-model installs the shipped adapter beside the model.
+    assert_eq!(v["adapter"]["default"], true, "{v:#}");
+    assert_eq!(v["adapter"]["applied"], true, "{v:#}");
+    assert_eq!(v["adapter"]["writer"], "lines", "{v:#}");
     let text = stdout(&with_model(&["model", "info"]));
     assert!(text.contains("Q4_1"), "{text}");
+    assert!(text.contains("writer lines, base matches"), "{text}");
 }
 
 /// The engine benchmark's small cases: a prefill, the projections alone (with their
@@ -158,7 +163,10 @@ fn bench_engine_reports_prefill_and_the_projections_alone() {
 
 #[test]
 fn generate_answers_a_prompt() {
+    // The base model's greedy reply (the shipped memory-writer adapter aside).
     let o = with_model(&[
+        "--adapter",
+        "none",
         "generate",
         "--prompt",
         "What is the capital of France? Answer in one word.",

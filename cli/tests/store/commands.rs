@@ -18,6 +18,34 @@ fn json(o: &std::process::Output) -> Value {
 }
 
 #[test]
+fn the_writer_is_the_one_the_model_s_adapter_was_trained_for() {
+    let dir = data_dir("writer");
+    let file = dir.join("notes.txt");
+    std::fs::write(&file, "Ines runs the harbour office. It opens on Monday.\n").unwrap();
+    let template = |stream: &str, extra: &[&str]| {
+        let args = [
+            &["ingest", stream, file.to_str().unwrap(), "--json"][..],
+            extra,
+        ]
+        .concat();
+        json(&run(&dir, &args));
+        let history = json(&run(&dir, &["memory", "history", stream, "--json"]));
+        history[0]["template_id"].as_str().unwrap().to_string()
+    };
+    // scripts/fetch-model installs the default model's adapter, trained for the line
+    // writer, beside it.
+    assert_eq!(template("shipped", &[]), "memagent-general-lines");
+    assert_eq!(
+        template("base", &["--adapter", "none"]),
+        "memagent-general-update"
+    );
+    assert_eq!(
+        template("chosen", &["--writer", "rewrite"]),
+        "memagent-general-update"
+    );
+}
+
+#[test]
 fn memory_versions_can_be_queried_compared_edited_and_rolled_back() {
     let dir = data_dir("commands");
     let file = dir.join("notes.txt");
@@ -34,6 +62,8 @@ fn memory_versions_can_be_queried_compared_edited_and_rolled_back() {
         "48",
         "--memory-tokens",
         "32",
+        "--writer",
+        "rewrite",
         "--json",
     ];
     let first = json(&run(&dir, &ingest));

@@ -169,8 +169,9 @@ fn words(text: &str) -> impl Iterator<Item = String> + '_ {
     bare(text).map(str::to_lowercase)
 }
 
-/// The distinctive words of `text`: those holding a digit, those of two or more capitals
-/// and no small letter, and its `names`; lower case.
+/// The distinctive words of `text`: those holding a digit, codes of four or more capitals
+/// and no small letter (shorter ones are keywords: "SET x TO y", "VAR"), and its `names`;
+/// lower case.
 pub(crate) fn distinctive<'t>(
     text: &'t str,
     names: &[String],
@@ -178,10 +179,13 @@ pub(crate) fn distinctive<'t>(
     let names: HashSet<String> = names.iter().map(|n| n.to_lowercase()).collect();
     bare(text)
         .filter(move |w| {
-            w.chars().any(|c| c.is_ascii_digit())
-                || (w.chars().count() >= 2
-                    && w.chars().all(|c| c.is_uppercase() || c.is_ascii_digit()))
-                || names.contains(&w.to_lowercase())
+            if w.chars().any(|c| c.is_ascii_digit()) {
+                true
+            } else if w.chars().count() >= 2 && w.chars().all(char::is_uppercase) {
+                w.chars().count() >= 4
+            } else {
+                names.contains(&w.to_lowercase())
+            }
         })
         .map(str::to_lowercase)
 }
@@ -224,6 +228,15 @@ mod tests {
         );
         let third = focus.read("Let LDDNV hold whatever OLSCQ holds.");
         assert_eq!(third.kept.len(), 1);
+    }
+
+    #[test]
+    fn short_capitalised_keywords_are_not_followed() {
+        let mut focus = Focus::new("Name every variable whose value ends up being 59952.");
+        let first = focus.read("SET GHDVV TO 59952. SET FGVPI TO ORBNY.");
+        assert_eq!(first.text().as_deref(), Some("SET GHDVV TO 59952."));
+        let second = focus.read("SET OLSCQ TO GHDVV. SET ZZTOP TO FGVPI.");
+        assert_eq!(second.text().as_deref(), Some("SET OLSCQ TO GHDVV."));
     }
 
     #[test]
