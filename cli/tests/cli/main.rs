@@ -115,6 +115,52 @@ fn model_info_describes_the_default_model() {
     assert!(text.contains("writer lines, base matches"), "{text}");
 }
 
+/// The process's resident memory after a 2,048-token prefill stays within the model file,
+/// its key/value cache and 300 MB of scratch, plus (files under 200 MB only) the f32 copy
+/// of the weights that prefill multiplies.
+#[test]
+fn a_prefill_of_2048_tokens_stays_within_its_memory_bound() {
+    let info: serde_json::Value =
+        serde_json::from_slice(&with_model(&["model", "info", "--json"]).stdout).unwrap();
+    let o = with_model(&[
+        "bench",
+        "engine",
+        "--prefill",
+        "2048",
+        "--decode",
+        "0",
+        "--rewrite",
+        "--batch",
+        "0",
+        "--repeats",
+        "1",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let case = &v["results"][0];
+    assert_eq!(case["test"], "pp2048", "{v:#}");
+    let peak = case["peak_rss_bytes"]
+        .as_u64()
+        .expect("Linux reports VmHWM");
+    let file = info["file_bytes"].as_u64().unwrap();
+    let n = |k: &str| info[k].as_u64().unwrap();
+    // f32 keys and values of every layer for 2,048 positions.
+    let head_dim = n("embedding_length") / n("heads");
+    let kv = n("layers") * 2 * n("kv_heads") * head_dim * 2048 * 4;
+    let dense = if file < 200_000_000 {
+        n("parameters") * 4
+    } else {
+        0
+    };
+    let bound = file + kv + dense + 300_000_000;
+    eprintln!("peak RSS {peak} bytes; bound {bound} (file {file}, kv {kv}, dense {dense})");
+    assert!(
+        peak <= bound,
+        "peak RSS {peak} bytes over {bound} (file {file}, kv {kv}, dense {dense})"
+    );
+}
+
 /// The engine benchmark's small cases: a prefill, the projections alone (with their
 /// GFLOP/s, which a prefill case does not carry) and none of the cases turned off.
 #[test]
