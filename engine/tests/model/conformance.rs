@@ -1,19 +1,33 @@
-//! Agreement with llama.cpp on the default model (fixture: tests/data/*.llamacpp.json).
+//! Agreement with llama.cpp on real model files (fixtures: tests/data/*.llamacpp.json):
+//! the default model, and Qwen2.5-Coder-0.5B (`scripts/fetch-model
+//! qwen2.5-coder-0.5b-instruct`, which `scripts/test` runs).
 
-use memagent_engine::{GenerateOptions, Message};
+use std::path::PathBuf;
+
+use memagent_engine::{GenerateOptions, LocalModel, Message};
 
 use crate::support::{ids, model, reference};
 
+/// Texts whose ids differ from llama.cpp's.
+fn tokenizer_failures(model: &LocalModel, reference: &serde_json::Value) -> Vec<String> {
+    let tokenizer = model.tokenizer();
+    let cases = reference["tokenize"].as_array().unwrap();
+    assert!(cases.len() >= 9);
+    cases
+        .iter()
+        .filter_map(|case| {
+            let text = case["text"].as_str().unwrap();
+            let got = tokenizer.encode(text, false).unwrap();
+            let want = ids(&case["ids"]);
+            (got != want).then(|| format!("tokenizing {text:?}: {got:?}, llama.cpp {want:?}"))
+        })
+        .collect()
+}
+
 #[test]
 fn tokenizer_ids_equal_llama_cpp_for_every_text() {
-    let tokenizer = model().tokenizer();
-    let cases = reference()["tokenize"].as_array().unwrap();
-    assert!(cases.len() >= 9);
-    for case in cases {
-        let text = case["text"].as_str().unwrap();
-        let got = tokenizer.encode(text, false).unwrap();
-        assert_eq!(got, ids(&case["ids"]), "tokenizing {text:?}");
-    }
+    let failures = tokenizer_failures(model(), reference());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// The GGUF-built tokenizer written as tokenizer.json and read back gives the same ids:
@@ -45,35 +59,41 @@ fn messages(value: &serde_json::Value) -> Vec<Message> {
         .collect()
 }
 
+/// Conversations whose rendering differs from llama.cpp's.
+fn chat_failures(model: &LocalModel, reference: &serde_json::Value) -> Vec<String> {
+    let cases = reference["chat_template"].as_array().unwrap();
+    assert!(!cases.is_empty());
+    cases
+        .iter()
+        .filter_map(|case| {
+            let got = model.chat_prompt(&messages(&case["messages"])).unwrap();
+            let want = case["rendered"].as_str().unwrap();
+            (got != want).then(|| format!("rendered {got:?}, llama.cpp {want:?}"))
+        })
+        .collect()
+}
+
 #[test]
 fn chat_template_renders_byte_for_byte() {
-    let cases = reference()["chat_template"].as_array().unwrap();
-    assert!(!cases.is_empty());
-    for case in cases {
-        let got = model().chat_prompt(&messages(&case["messages"])).unwrap();
-        assert_eq!(got, case["rendered"].as_str().unwrap());
-    }
+    let failures = chat_failures(model(), reference());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// Greedy continuations, free-running: short answers that end on end-of-turn match whole,
-/// the 1,545-token MemAgent step on its first 16 tokens. (The 5,499-token step, past
-/// 4,096 positions, is checked token by token in the teacher-forced test below, which
-/// also runs its long prefill only once.)
-#[test]
-fn greedy_continuations_match_llama_cpp() {
-    let model = model();
+/// longer ones on their first 16 tokens. Prompts past 4,096 tokens are left to the
+/// teacher-forced check.
+fn greedy_failures(model: &LocalModel, reference: &serde_json::Value) -> Vec<String> {
     let mut failures = Vec::new();
-    for (i, case) in reference()["greedy"].as_array().unwrap().iter().enumerate() {
+    for (i, case) in reference["greedy"].as_array().unwrap().iter().enumerate() {
         let prompt = ids(&case["prompt_ids"]);
         if prompt.len() > 4096 {
             continue;
         }
         if let Some(m) = case.get("messages") {
-            assert_eq!(
-                model.chat_prompt_ids(&messages(m)).unwrap(),
-                prompt,
-                "case {i}: prompt ids"
-            );
+            if model.chat_prompt_ids(&messages(m)).unwrap() != prompt {
+                failures.push(format!("case {i}: prompt ids"));
+                continue;
+            }
         }
         let expected = ids(&case["completion_ids"]);
         let options = GenerateOptions {
@@ -82,7 +102,11 @@ fn greedy_continuations_match_llama_cpp() {
         };
         let got = model.generate(&prompt, &options).unwrap();
         let whole = case["stop_type"] == "eos";
-        let n = if whole { expected.len() } else { 16 };
+        let n = if whole {
+            expected.len()
+        } else {
+            16.min(expected.len())
+        };
         if got.token_ids.get(..n) != Some(&expected[..n]) || (whole && got.token_ids.len() != n) {
             failures.push(format!(
                 "case {i} ({} prompt tokens), first {n} tokens differ:\n  ours      {:?} {:?}\n  llama.cpp {:?} {:?}",
@@ -97,20 +121,27 @@ fn greedy_continuations_match_llama_cpp() {
             failures.push(format!("case {i}: text {:?}", got.text));
         }
     }
+    failures
+}
+
+/// Free-running on the default model: the short answers whole, the 1,545-token MemAgent
+/// step on its first 16 tokens (the 5,499-token step, past 4,096 positions, is checked
+/// token by token in the teacher-forced test below, which also runs its long prefill
+/// only once).
+#[test]
+fn greedy_continuations_match_llama_cpp() {
+    let failures = greedy_failures(model(), reference());
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// Teacher-forced check of every reference token: fed llama.cpp's continuation, our
-/// model must rank llama.cpp's next token first, or within `TIE` logits of our first
+/// model must rank llama.cpp's next token first, or within `tie` logits of our first
 /// choice (a near-tie that rounding differences may flip). A wrong RoPE, mask or
-/// template puts the reference token far below.
-#[test]
-fn reference_tokens_are_our_first_choice_or_a_near_tie() {
-    const TIE: f32 = 0.5;
-    let model = model();
+/// template puts the reference token far below. Returns how many were first choices.
+fn teacher_forced(model: &LocalModel, reference: &serde_json::Value, tie: f32) -> Vec<String> {
     let t = model.transformer();
     let mut report = Vec::new();
-    for (i, case) in reference()["greedy"].as_array().unwrap().iter().enumerate() {
+    for (i, case) in reference["greedy"].as_array().unwrap().iter().enumerate() {
         let prompt = ids(&case["prompt_ids"]);
         let expected = ids(&case["completion_ids"]);
         let n = expected.len().min(16);
@@ -127,14 +158,49 @@ fn reference_tokens_are_our_first_choice_or_a_near_tie() {
                 exact += 1;
             }
             assert!(
-                gap <= TIE,
+                gap <= tie,
                 "case {i}, step {step}: llama.cpp's token {want} is {gap:.3} logits below our {best}"
             );
             logits = t.forward(&[vec![want]], &mut cache).unwrap();
         }
         report.push(format!("case {i}: {exact}/{n} first choices"));
     }
+    report
+}
+
+#[test]
+fn reference_tokens_are_our_first_choice_or_a_near_tie() {
+    let report = teacher_forced(model(), reference(), 0.5);
     eprintln!("{}", report.join(", "));
+}
+
+/// Qwen2.5-Coder-0.5B-Instruct (Q5_0, Q4_K, Q6_K and Q8_0 tensors): token ids, chat
+/// renderings, greedy continuations and teacher-forced choices against llama.cpp.
+#[test]
+fn qwen_coder_agrees_with_llama_cpp() {
+    let reference: serde_json::Value = serde_json::from_str(include_str!(
+        "../data/qwen2.5-coder-0.5b-instruct.llamacpp.json"
+    ))
+    .unwrap();
+    let path = std::env::var_os("MEMAGENT_QWEN_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../models")
+                .join(reference["model"].as_str().unwrap())
+        });
+    assert!(
+        path.is_file(),
+        "{} missing: run scripts/fetch-model qwen2.5-coder-0.5b-instruct (scripts/test does)",
+        path.display()
+    );
+    let model = LocalModel::load(&path, &Default::default()).unwrap();
+    let mut failures = tokenizer_failures(&model, &reference);
+    failures.extend(chat_failures(&model, &reference));
+    failures.extend(greedy_failures(&model, &reference));
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let report = teacher_forced(&model, &reference, 0.5);
+    eprintln!("qwen2.5-coder: {}", report.join(", "));
 }
 
 /// Architectures checked on tiny random-weight files against llama.cpp's continuations
