@@ -35,6 +35,7 @@ impl Default for LoadOptions {
             device: Device::Cpu,
             weights: WeightPlan {
                 dense_prefill: true,
+                copy: false,
             },
             tokenizer: None,
             adapter: AdapterChoice::None,

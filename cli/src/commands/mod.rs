@@ -83,6 +83,19 @@ pub fn adapter_choice(global: &Settings) -> AdapterChoice {
     }
 }
 
+/// Whether prefill keeps an f32 copy of the weights: $MEMAGENT_PREFILL_WEIGHTS=copy, for
+/// comparing with the default `tiles` (blocks dequantized inside the GEMM).
+fn prefill_copy() -> Result<bool> {
+    match std::env::var("MEMAGENT_PREFILL_WEIGHTS").ok().as_deref() {
+        None | Some("") | Some("tiles") => Ok(false),
+        Some("copy") => Ok(true),
+        Some(other) => anyhow::bail!(
+            "MEMAGENT_PREFILL_WEIGHTS={other}: use tiles (blocks dequantized inside the \
+             GEMM, the default) or copy (an f32 copy of the weights)"
+        ),
+    }
+}
+
 /// Loads the model the settings point at, on the chosen device.
 fn load_model(global: &Settings) -> Result<LocalModel> {
     let path = global.model_path()?;
@@ -90,6 +103,7 @@ fn load_model(global: &Settings) -> Result<LocalModel> {
         device: open_device(&global.device)?,
         weights: WeightPlan {
             dense_prefill: true,
+            copy: prefill_copy()?,
         },
         tokenizer: global.tokenizer.clone(),
         adapter: adapter_choice(global),

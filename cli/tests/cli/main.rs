@@ -116,8 +116,9 @@ fn model_info_describes_the_default_model() {
 }
 
 /// The process's resident memory after a 2,048-token prefill stays within the model file,
-/// its key/value cache and 300 MB of scratch, plus (files under 200 MB only) the f32 copy
-/// of the weights that prefill multiplies.
+/// its key/value cache and 300 MB of scratch, plus (files under 200 MB only) an f32 copy
+/// of the weights: prefill dequantizes blocks of weight rows inside its GEMM, but the
+/// default model's shipped adapter, merged into the weights, keeps them in f32.
 #[test]
 fn a_prefill_of_2048_tokens_stays_within_its_memory_bound() {
     let info: serde_json::Value =

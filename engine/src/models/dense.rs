@@ -89,31 +89,112 @@ unsafe fn split_gemm(
             // buffer that outlives the pool call; the right-hand side is the caller's
             // promise.
             unsafe {
-                gemm(
-                    rows,
-                    features.len(),
-                    k,
-                    (out_ptr as *mut f32).add(features.start),
-                    1,
-                    n as isize,
-                    false,
-                    x_ptr as *const f32,
-                    1,
-                    k as isize,
+                block_gemm(
+                    (x_ptr, rows, k),
+                    (out_ptr, n),
+                    features,
                     (w_ptr as *const f32).add(at(features.start)),
                     column_stride,
                     depth_stride,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    Parallelism::None,
                 )
             }
         }
     });
     out
+}
+
+/// One task's single-threaded GEMM: the output columns `features` of the (rows, n)
+/// buffer at `out`, from `x` (rows, k) and the right-hand side's columns at `rhs`.
+///
+/// # Safety
+/// `x` must be (rows, k) contiguous f32, `out` a (rows, n) f32 buffer no other task
+/// writes these columns of, and `rhs` valid for (d, j) at `rhs + j·column_stride +
+/// d·depth_stride` for d < k and j < features.len().
+unsafe fn block_gemm(
+    (x, rows, k): (usize, usize, usize),
+    (out, n): (usize, usize),
+    features: &std::ops::Range<usize>,
+    rhs: *const f32,
+    column_stride: isize,
+    depth_stride: isize,
+) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        gemm(
+            rows,
+            features.len(),
+            k,
+            (out as *mut f32).add(features.start),
+            1,
+            n as isize,
+            false,
+            x as *const f32,
+            1,
+            k as isize,
+            rhs,
+            column_stride,
+            depth_stride,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        )
+    }
+}
+
+/// `x` (`rows`, `k`) times `w` (`n`, `k`) transposed without `w` in f32: `tile(features)`
+/// gives the f32 rows of `w` for one block of output features (features × k, row-major),
+/// made by the task that multiplies them, so only a block per thread is ever dense. The
+/// blocks and the micro-kernel are [`gemm_t`]'s, so the result is bit for bit [`gemm_t`]'s
+/// on the whole f32 matrix.
+pub fn gemm_t_tiles<E: Send>(
+    x: &[f32],
+    rows: usize,
+    n: usize,
+    k: usize,
+    tile: impl Fn(std::ops::Range<usize>) -> std::result::Result<Vec<f32>, E> + Sync,
+) -> std::result::Result<Vec<f32>, E> {
+    assert!(x.len() >= rows * k, "gemm_t_tiles: x too short");
+    let mut out = vec![0f32; rows * n];
+    if rows == 0 || n == 0 {
+        return Ok(out);
+    }
+    let (x_ptr, out_ptr) = (x.as_ptr() as usize, out.as_mut_ptr() as usize);
+    let blocks = feature_blocks(n);
+    let failed = std::sync::Mutex::new(None);
+    super::pool::for_chunks(blocks.len(), |tasks| {
+        for features in &blocks[tasks] {
+            let w = match tile(features.clone()) {
+                Ok(w) if w.len() >= features.len() * k => w,
+                Ok(_) => panic!(
+                    "gemm_t_tiles: a tile of {} rows is too short",
+                    features.len()
+                ),
+                Err(e) => {
+                    *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                    return;
+                }
+            };
+            // SAFETY: as in split_gemm; the tile is (features, k) row-major and lives
+            // until the product is done.
+            unsafe {
+                block_gemm(
+                    (x_ptr, rows, k),
+                    (out_ptr, n),
+                    features,
+                    w.as_ptr(),
+                    k as isize,
+                    1,
+                )
+            }
+        }
+    });
+    match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
 }
 
 struct MatmulT;
