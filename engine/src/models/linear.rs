@@ -23,8 +23,8 @@ pub struct WeightPlan {
     /// How prefill has its f32 weights: `true`, an f32 copy of every projection kept from
     /// load; `false`, each block of weight rows dequantized by the task that multiplies
     /// it, so that the file's own bytes are all that stays. Both give the same bits; on a
-    /// 2-vCPU Zen 4 both prefill at the same speed within noise (the default model and
-    /// Qwen2.5-Coder-0.5B), and the blocks take a third to a half of the memory.
+    /// 2-vCPU Zen 4 the blocks prefill 0–5% slower and take under half the memory
+    /// (docs/benchmarks/prefill-tiles).
     pub copy: bool,
 }
 
