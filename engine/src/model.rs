@@ -614,13 +614,18 @@ impl LocalModel {
 
     /// Runs `prompt` into a new cache with room for `capacity` tokens, starting from a
     /// cached prefix when `reuse` allows and one is there: the logits after the prompt,
-    /// the cache, and how many prompt tokens came from the prefix cache.
+    /// the cache, and how many prompt tokens came from the prefix cache. Only where rows
+    /// are exact ([`Self::exact_rows`]): on a GPU the rest of a prompt run after a cached
+    /// prefix goes through other kernels than the whole prompt, so a reply would depend
+    /// on what ran before it (measured on an H200: a 128-token memory rewrite came out
+    /// 70 tokens long after a cached prefix and 52 without).
     fn prefill(
         &self,
         prompt: &[u32],
         capacity: usize,
         reuse: bool,
     ) -> Result<(candle_core::Tensor, KvCache, usize)> {
+        let reuse = reuse && self.exact_rows();
         let found = if reuse {
             self.prefixes().start(prompt, capacity)?
         } else {

@@ -165,14 +165,26 @@ impl Linear {
         })
     }
 
-    /// A layer from f32 weights (an adapter merged in): dense for prefill, Q8_0 for
-    /// decode (its rounding step is 1/17 of Q4_1's, so the merged update survives).
+    /// A layer from f32 weights (an adapter merged in), given on the CPU. On the CPU:
+    /// dense for prefill, Q8_0 for decode (its rounding step is 1/17 of Q4_1's, so the
+    /// merged update survives). On a GPU the f32 weights themselves, multiplied by the
+    /// device's dense product: its quantized kernels take activations rounded to 8 bits,
+    /// and a Q8_0 copy made there left the shipped adapter's model on CUDA replying with
+    /// an empty turn.
     pub(crate) fn from_dense(
         weight: Tensor,
         bias: Option<Tensor>,
         plan: WeightPlan,
         device: &Device,
     ) -> Result<Self> {
+        if !device.is_cpu() {
+            let matmul = QMatMul::Tensor(weight.to_device(device)?);
+            return Ok(Self {
+                quantized: Quantized::Candle(RowExact::whole(matmul)),
+                prefill: None,
+                bias: bias.map(|b| b.to_device(device)).transpose()?,
+            });
+        }
         let row = weight.dims().last().copied().unwrap_or(0);
         let dtype = if row % 32 == 0 {
             GgmlDType::Q8_0
@@ -282,6 +294,15 @@ impl RowExact {
             matmul: QMatMul::from_arc(weight)?,
             rows,
         })
+    }
+
+    /// A product whose rows never depend on each other's count (a GPU's dense weights:
+    /// few-row products there are decoded a sequence at a time anyway).
+    fn whole(matmul: QMatMul) -> Self {
+        Self {
+            matmul,
+            rows: Rows::Whole,
+        }
     }
 
     /// `x`: (..., k) -> (..., n).

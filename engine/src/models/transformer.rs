@@ -230,14 +230,17 @@ impl Transformer {
                     qk_norm,
                 },
                 Some(adapter) => {
-                    // W + B A in f32, then the usual dense/quantized pair from it.
+                    // W + B A in f32, on the CPU whatever the device (the file's blocks
+                    // dequantized by the same code as everywhere else), then the layer
+                    // from it.
+                    let cpu = &Device::Cpu;
                     let merged =
                         |parts: Vec<(QTensor, Option<Tensor>)>, names: &[&str]| -> Result<Linear> {
                             let mut dense = Vec::new();
                             let mut biases = Vec::new();
                             for ((w, b), name) in parts.into_iter().zip(names) {
-                                let mut w = w.dequantize(device)?;
-                                if let Some(delta) = adapter.delta(i, name, device)? {
+                                let mut w = w.dequantize(cpu)?;
+                                if let Some(delta) = adapter.delta(i, name, cpu)? {
                                     w = (w + delta)?;
                                 }
                                 biases.push(b);
@@ -248,8 +251,8 @@ impl Transformer {
                                     .into_iter()
                                     .zip(&dense)
                                     .map(|(b, w)| match b {
-                                        Some(b) => Ok(b),
-                                        None => Ok(Tensor::zeros(w.dim(0)?, DType::F32, device)?),
+                                        Some(b) => Ok(b.to_device(cpu)?),
+                                        None => Ok(Tensor::zeros(w.dim(0)?, DType::F32, cpu)?),
                                     })
                                     .collect::<Result<Vec<_>>>()?;
                                 Some(Tensor::cat(&parts, 0)?)
