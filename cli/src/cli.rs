@@ -32,11 +32,12 @@ pub struct GlobalArgs {
     #[arg(long, global = true, value_name = "PATH")]
     pub tokenizer: Option<PathBuf>,
 
-    /// LoRA adapter merged into the model at load (`memctl train`'s adapter.safetensors,
-    /// with its adapter.json beside it), or `none` for the base model; an adapter trained
-    /// on another base model is refused. Unset: the model's default adapter,
-    /// <model stem>.adapter.safetensors beside the model file, when it was trained on
-    /// that exact file
+    /// LoRA adapter loaded beside the model (`memctl train`'s adapter.safetensors, with its
+    /// adapter.json beside it): memory steps run with it, and the answers it learned;
+    /// other answers and chats run the base model. `none` for the base model alone; an
+    /// adapter trained on another base model is refused. Unset: the model's default
+    /// adapter, <model stem>.adapter.safetensors beside the model file, when it was
+    /// trained on that exact file
     #[arg(
         long,
         global = true,

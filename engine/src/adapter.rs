@@ -1,7 +1,8 @@
 //! LoRA adapters made by `memctl train`: per projection `blk.N.<name>.lora_a` (r, in) and
 //! `.lora_b` (out, r) with the scale folded into B, in a safetensors file beside a JSON
-//! manifest (`adapter.json`) that records the base model's sha256. Merged into the
-//! weights once at load: W' = W + B A.
+//! manifest (`adapter.json`) that records the base model's sha256. Kept beside the
+//! weights at load, as its factors: a call that runs with it adds x Aᵀ Bᵀ to each adapted
+//! projection (W' = W + B A), one that does not runs the base model's weights alone.
 //!
 //! A model's default adapter lies beside it as `<model stem>.adapter.safetensors` (with
 //! `<model stem>.adapter.json`); it is applied when nothing else is chosen and the model
@@ -95,12 +96,36 @@ pub struct TrainedData {
     /// The memory writer whose steps it learned.
     #[serde(default)]
     pub writer: Option<crate::agent::Writer>,
+    /// The share of its examples that were answers from retrieved passages.
+    #[serde(default)]
+    pub evidence_share: Option<f64>,
 }
 
 impl AdapterManifest {
     /// The memory writer the adapter was trained to write with, when it says.
     pub fn writer(&self) -> Option<crate::agent::Writer> {
         self.config.as_ref()?.data.as_ref()?.writer
+    }
+
+    /// Whether the adapter learned the answers of `template`. `memctl train` teaches
+    /// every memory step and the memory-only final answers ([`FINAL_BOXED`] in question
+    /// mode, [`GENERAL_ANSWER`] in general mode), and answers from passages
+    /// ([`PASSAGE_ANSWER`]) when its data had an evidence share; never direct answers,
+    /// the other final form or chats.
+    ///
+    /// [`FINAL_BOXED`]: crate::agent::FINAL_BOXED
+    /// [`GENERAL_ANSWER`]: crate::agent::GENERAL_ANSWER
+    /// [`PASSAGE_ANSWER`]: crate::agent::PASSAGE_ANSWER
+    pub fn trained_for(&self, template: crate::agent::Template) -> bool {
+        use crate::agent::{FINAL_BOXED, GENERAL_ANSWER, PASSAGE_ANSWER};
+        if template.id == PASSAGE_ANSWER.id {
+            let share = self
+                .config
+                .as_ref()
+                .and_then(|c| c.data.as_ref()?.evidence_share);
+            return share.is_some_and(|s| s > 0.0);
+        }
+        [FINAL_BOXED.id, GENERAL_ANSWER.id].contains(&template.id)
     }
 }
 
@@ -179,21 +204,29 @@ impl Adapter {
         }
     }
 
-    /// The weight update B A (out, in) of `blk.{layer}.{name}`, if adapted.
-    pub fn delta(&self, layer: usize, name: &str, device: &Device) -> Result<Option<Tensor>> {
+    /// A (rank, in) and B (out, rank) of `blk.{layer}.{name}` in f32 on the CPU, if
+    /// adapted: the update is B A.
+    pub fn low_rank(&self, layer: usize, name: &str) -> Result<Option<(Tensor, Tensor)>> {
         let a = self.tensors.get(&format!("blk.{layer}.{name}.lora_a"));
         let b = self.tensors.get(&format!("blk.{layer}.{name}.lora_b"));
         match (a, b) {
-            (Some(a), Some(b)) => {
-                let a = a.to_dtype(DType::F32)?;
-                let b = b.to_dtype(DType::F32)?;
-                Ok(Some(b.matmul(&a)?.to_device(device)?))
-            }
+            (Some(a), Some(b)) => Ok(Some((
+                a.to_dtype(DType::F32)?.to_device(&Device::Cpu)?,
+                b.to_dtype(DType::F32)?.to_device(&Device::Cpu)?,
+            ))),
             (None, None) => Ok(None),
             _ => Err(Error::Adapter {
                 path: self.path.clone(),
                 message: format!("blk.{layer}.{name} has only one of lora_a and lora_b"),
             }),
+        }
+    }
+
+    /// The weight update B A (out, in) of `blk.{layer}.{name}`, if adapted.
+    pub fn delta(&self, layer: usize, name: &str, device: &Device) -> Result<Option<Tensor>> {
+        match self.low_rank(layer, name)? {
+            Some((a, b)) => Ok(Some(b.matmul(&a)?.to_device(device)?)),
+            None => Ok(None),
         }
     }
 }

@@ -25,7 +25,8 @@ pub struct LoadOptions {
     pub weights: WeightPlan,
     /// A tokenizer (`tokenizer.json`, or another GGUF file) to use instead of the file's own.
     pub tokenizer: Option<PathBuf>,
-    /// A LoRA adapter (`memctl train`) merged into the weights at load.
+    /// A LoRA adapter (`memctl train`) loaded beside the weights: the calls that ask for
+    /// it ([`GenerateOptions::adapter`]) run with it, the others with the base model.
     pub adapter: AdapterChoice,
 }
 
@@ -66,6 +67,9 @@ pub struct GenerateOptions {
     /// `max_new_tokens` unless a loop stop ends it, for benchmarks of a fixed generation
     /// length (llama.cpp's and vLLM's `ignore_eos`).
     pub ignore_eos: bool,
+    /// Run with the model's adapter, if one was loaded (the memory writer's calls);
+    /// `false` runs the base model's weights alone (answers).
+    pub adapter: bool,
 }
 
 impl Default for GenerateOptions {
@@ -78,6 +82,7 @@ impl Default for GenerateOptions {
             draft_tokens: DEFAULT_DRAFT_TOKENS,
             reuse_prefix: true,
             ignore_eos: false,
+            adapter: true,
         }
     }
 }
@@ -243,6 +248,7 @@ pub struct LocalModel {
     transformer: Transformer,
     adapter: Option<PathBuf>,
     adapter_writer: Option<crate::agent::Writer>,
+    adapter_manifest: Option<crate::adapter::AdapterManifest>,
     prefixes: Mutex<PrefixCache>,
 }
 
@@ -274,7 +280,7 @@ impl LocalModel {
         let adapter = crate::adapter::resolve(path, &options.adapter)?;
         if let Some(adapter) = &adapter {
             tracing::info!(
-                "merging adapter {} ({} projections)",
+                "loading adapter {} ({} projections)",
                 adapter.path.display(),
                 adapter.len()
             );
@@ -294,6 +300,7 @@ impl LocalModel {
             template,
             transformer,
             adapter_writer: adapter.as_ref().and_then(|a| a.manifest.writer()),
+            adapter_manifest: adapter.as_ref().map(|a| a.manifest.clone()),
             adapter: adapter.map(|a| a.path),
             prefixes: Mutex::new(PrefixCache::default()),
         })
@@ -307,14 +314,23 @@ impl LocalModel {
         &self.name
     }
 
-    /// The adapter merged into the weights, if any.
+    /// The adapter loaded beside the weights, if any.
     pub fn adapter(&self) -> Option<&Path> {
         self.adapter.as_deref()
     }
 
-    /// The memory writer the merged adapter was trained for, when it says.
+    /// The memory writer the adapter was trained for, when it says.
     pub fn adapter_writer(&self) -> Option<crate::agent::Writer> {
         self.adapter_writer
+    }
+
+    /// Whether answers with `template` run with the adapter: only those of a kind it
+    /// was trained on ([`crate::adapter::AdapterManifest::trained_for`]); the others,
+    /// and chats, run with the base model.
+    pub fn adapter_answers(&self, template: crate::agent::Template) -> bool {
+        self.adapter_manifest
+            .as_ref()
+            .is_some_and(|m| m.trained_for(template))
     }
 
     /// Number of weights in the file.
@@ -474,7 +490,8 @@ impl LocalModel {
             };
             if seq.stop.is_none() {
                 let total = prompt.len() + options.max_new_tokens;
-                let (logits, cache, reused) = self.prefill(prompt, total, options.reuse_prefix)?;
+                let (logits, cache, reused) =
+                    self.prefill(prompt, total, options.reuse_prefix, options.adapter)?;
                 seq.decoding.cached_prompt = reused;
                 seq.row = logits.squeeze(0)?.to_vec1()?;
                 seq.cache = Some(cache);
@@ -624,15 +641,17 @@ impl LocalModel {
         prompt: &[u32],
         capacity: usize,
         reuse: bool,
+        adapter: bool,
     ) -> Result<(candle_core::Tensor, KvCache, usize)> {
         let reuse = reuse && self.exact_rows();
+        let adapted = adapter && self.transformer.has_adapter();
         let found = if reuse {
-            self.prefixes().start(prompt, capacity)?
+            self.prefixes().start(prompt, capacity, adapted)?
         } else {
             None
         };
         let (mut cache, reused) =
-            found.unwrap_or_else(|| (self.transformer.new_cache(1, capacity), 0));
+            found.unwrap_or_else(|| (self.transformer.new_cache_adapted(1, capacity, adapted), 0));
         let logits = self
             .transformer
             .forward(&[prompt[reused..].to_vec()], &mut cache)?;
@@ -647,15 +666,16 @@ impl LocalModel {
         self.prefixes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The logits after `prompt` (one forward pass, nothing generated), reusing a cached
-    /// prefix when `reuse` allows, and how many prompt tokens came from the cache.
+    /// The logits after `prompt` (one forward pass, nothing generated, with the adapter if
+    /// one is loaded), reusing a cached prefix when `reuse` allows, and how many prompt
+    /// tokens came from the cache.
     pub fn prompt_logits(&self, prompt: &[u32], reuse: bool) -> Result<(Vec<f32>, usize)> {
         if prompt.is_empty() {
             return Err(Error::InvalidRequest(
                 "the prompt has no tokens".to_string(),
             ));
         }
-        let (logits, _, reused) = self.prefill(prompt, prompt.len(), reuse)?;
+        let (logits, _, reused) = self.prefill(prompt, prompt.len(), reuse, true)?;
         Ok((logits.squeeze(0)?.to_vec1()?, reused))
     }
 

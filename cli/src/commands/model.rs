@@ -17,6 +17,19 @@ fn adapter_file(model: &std::path::Path, choice: &AdapterChoice) -> Option<std::
     }
 }
 
+/// The templates of answers, which run with an adapter only when it learned them.
+fn answer_templates() -> Vec<memagent_engine::agent::Template> {
+    use memagent_engine::agent::*;
+    vec![
+        FINAL_BOXED,
+        FINAL_EVAL,
+        GENERAL_ANSWER,
+        PASSAGE_ANSWER,
+        DIRECT_BOXED,
+        DIRECT_EVAL,
+    ]
+}
+
 pub fn info(global: &Settings, json: bool) -> Result<()> {
     let path = global.model_path()?;
     let info = ModelInfo::read(&path)?;
@@ -37,6 +50,11 @@ pub fn info(global: &Settings, json: bool) -> Result<()> {
                 "default": choice == AdapterChoice::Default,
                 "applied": matches,
                 "writer": adapter.manifest.writer(),
+                "answers": answer_templates()
+                    .into_iter()
+                    .filter(|t| adapter.manifest.trained_for(*t))
+                    .map(|t| t.id)
+                    .collect::<Vec<_>>(),
             }))
         }
         None => None,
@@ -98,6 +116,17 @@ pub fn info(global: &Settings, json: bool) -> Result<()> {
             }
         )?,
         None => writeln!(out, "adapter:        none (base model)")?,
+    }
+    if let Some(answers) = adapter.as_ref().and_then(|a| a["answers"].as_array()) {
+        let ids: Vec<&str> = answers.iter().filter_map(|t| t.as_str()).collect();
+        writeln!(
+            out,
+            "adapter runs:   memory steps{}; other answers and chats run the base model",
+            match ids.as_slice() {
+                [] => String::new(),
+                ids => format!(", answers with {}", ids.join(", ")),
+            }
+        )?;
     }
     match &info.chat_template {
         Some(t) => writeln!(out, "chat template:\n{t}")?,

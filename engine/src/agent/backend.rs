@@ -48,6 +48,12 @@ pub trait Backend {
 
     fn complete(&self, user_message: &str, options: &GenerateOptions) -> Result<Completion>;
 
+    /// Whether answers with `template` run with the model's adapter (memory steps always
+    /// do, when one is loaded). No adapter, no.
+    fn adapter_answers(&self, _template: super::Template) -> bool {
+        false
+    }
+
     /// Replies to several independent messages: one after another unless the backend
     /// can do better (the local model decodes them as one batch, with the same replies).
     fn complete_batch(
@@ -101,6 +107,10 @@ impl Backend for LocalModel {
         Ok(Some(
             self.chat_prompt_ids(&[Message::user(user_message)])?.len(),
         ))
+    }
+
+    fn adapter_answers(&self, template: super::Template) -> bool {
+        LocalModel::adapter_answers(self, template)
     }
 
     fn complete(&self, user_message: &str, options: &GenerateOptions) -> Result<Completion> {

@@ -313,8 +313,13 @@ impl<'a> MemoryAgent<'a> {
 
     /// The model's reply to a conversation, up to `max_tokens` tokens, with the loop's
     /// sampling and repetition stops (memagent's proxy answers so without an upstream).
+    /// The base model answers: an adapter learned memory steps, not conversations.
     pub fn chat(&self, messages: &[crate::chat::Message], max_tokens: usize) -> Result<Completion> {
-        self.backend.chat(messages, &self.options(max_tokens))
+        let options = GenerateOptions {
+            adapter: false,
+            ..self.options(max_tokens)
+        };
+        self.backend.chat(messages, &options)
     }
 
     /// Checks that every step of a run fits the model's context; the error suggests the
@@ -664,10 +669,15 @@ impl<'a> MemoryAgent<'a> {
         Ok(reports.pop().expect("one answer per message"))
     }
 
+    /// Answers run with the model's adapter only for a template it learned (the
+    /// memory-only final answers it was trained on); others run the base model, which an
+    /// adapter trained to write memories would only make worse at them.
     fn answer_batch(&self, template: Template, messages: &[String]) -> Result<Vec<AnswerReport>> {
-        let replies = self
-            .backend
-            .complete_batch(messages, &self.options(self.profile.answer_tokens))?;
+        let options = GenerateOptions {
+            adapter: self.backend.adapter_answers(template),
+            ..self.options(self.profile.answer_tokens)
+        };
+        let replies = self.backend.complete_batch(messages, &options)?;
         Ok(replies
             .into_iter()
             .map(|reply| AnswerReport {

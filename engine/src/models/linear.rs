@@ -8,6 +8,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{Device, Module, Tensor};
 
+use super::low_rank::LowRank;
 use super::q4_1::Q4_1Matrix;
 use crate::error::Result;
 
@@ -131,6 +132,11 @@ pub(crate) struct Linear {
     quantized: Quantized,
     prefill: Option<Prefill>,
     bias: Option<Tensor>,
+    /// An adapter's update, added when a call asks for it (on the CPU).
+    low_rank: Option<LowRank>,
+    /// On a GPU, the adapted weights W + B A in f32, multiplied in place of the others
+    /// when a call asks for the adapter ([`Linear::dense_pair`]).
+    merged: Option<QMatMul>,
 }
 
 impl Linear {
@@ -162,42 +168,36 @@ impl Linear {
             quantized,
             prefill,
             bias,
+            low_rank: None,
+            merged: None,
         })
     }
 
-    /// A layer from f32 weights (an adapter merged in), given on the CPU. On the CPU:
-    /// dense for prefill, Q8_0 for decode (its rounding step is 1/17 of Q4_1's, so the
-    /// merged update survives). On a GPU the f32 weights themselves, multiplied by the
-    /// device's dense product: its quantized kernels take activations rounded to 8 bits,
-    /// and a Q8_0 copy made there left the shipped adapter's model on CUDA replying with
-    /// an empty turn.
-    pub(crate) fn from_dense(
-        weight: Tensor,
+    /// The layer with an adapter's update beside its weights.
+    pub(crate) fn with_low_rank(mut self, low_rank: Option<LowRank>) -> Self {
+        self.low_rank = low_rank;
+        self
+    }
+
+    /// A layer of a model with an adapter on a GPU: the base weights `w` and the adapted
+    /// ones `merged` (W + B A), both f32 made on the CPU, multiplied by the device's dense
+    /// product. On an H200 the shipped adapter's model gave the CPU's replies token for
+    /// token this way, and replied with empty turns whenever a block's quantized weights
+    /// were used after the load had freed memory on the device (a merge or a low-rank
+    /// product made there): the quantized kernels read more than the weights' own bytes,
+    /// and freed memory is not zeroed.
+    pub(crate) fn dense_pair(
+        w: Tensor,
+        merged: Tensor,
         bias: Option<Tensor>,
-        plan: WeightPlan,
         device: &Device,
     ) -> Result<Self> {
-        if !device.is_cpu() {
-            let matmul = QMatMul::Tensor(weight.to_device(device)?);
-            return Ok(Self {
-                quantized: Quantized::Candle(RowExact::whole(matmul)),
-                prefill: None,
-                bias: bias.map(|b| b.to_device(device)).transpose()?,
-            });
-        }
-        let row = weight.dims().last().copied().unwrap_or(0);
-        let dtype = if row % 32 == 0 {
-            GgmlDType::Q8_0
-        } else {
-            GgmlDType::F32
-        };
-        let quantized =
-            Quantized::Candle(RowExact::new(Arc::new(QTensor::quantize(&weight, dtype)?))?);
-        let prefill = (plan.dense_prefill && device.is_cpu()).then_some(Prefill::Copy(weight));
         Ok(Self {
-            quantized,
-            prefill,
+            quantized: Quantized::Candle(RowExact::whole(QMatMul::Tensor(w.to_device(device)?))),
+            prefill: None,
             bias,
+            low_rank: None,
+            merged: Some(QMatMul::Tensor(merged.to_device(device)?)),
         })
     }
 
@@ -208,29 +208,21 @@ impl Linear {
         plan: WeightPlan,
         device: &Device,
     ) -> Result<Self> {
-        let has_bias = parts.iter().any(|(_, b)| b.is_some());
-        let bias = if has_bias {
-            let biases = parts
-                .iter()
-                .map(|(w, b)| match b {
-                    Some(b) => Ok(b.clone()),
-                    None => Ok(Tensor::zeros(
-                        w.shape().dims()[0],
-                        candle_core::DType::F32,
-                        device,
-                    )?),
-                })
-                .collect::<Result<Vec<_>>>()?;
-            Some(Tensor::cat(&biases, 0)?)
-        } else {
-            None
-        };
+        let bias = fused_bias(&parts, device)?;
         let weights: Vec<QTensor> = parts.into_iter().map(|(w, _)| w).collect();
         Self::new(stack_rows(weights, device)?, bias, plan, device)
     }
 
-    /// `x`: (..., k) -> (..., n).
-    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// `x`: (..., k) -> (..., n), with the adapter's update when `adapted` and the layer
+    /// has one.
+    pub(crate) fn forward(&self, x: &Tensor, adapted: bool) -> Result<Tensor> {
+        if let (Some(merged), true) = (&self.merged, adapted) {
+            let y = merged.forward(x)?;
+            return Ok(match &self.bias {
+                Some(b) => y.broadcast_add(b)?,
+                None => y,
+            });
+        }
         let dims = x.dims().to_vec();
         let k = *dims.last().unwrap_or(&0);
         let rows = x.elem_count() / k.max(1);
@@ -250,11 +242,38 @@ impl Linear {
                 Quantized::Candle(m) => m.forward(x)?,
             },
         };
+        let y = match (&self.low_rank, adapted) {
+            (Some(low_rank), true) => (y + low_rank.forward(x)?)?,
+            _ => y,
+        };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,
         })
     }
+}
+
+/// The biases of stacked projections, zeros for a part without one; `None` when no part
+/// has one.
+pub(crate) fn fused_bias(
+    parts: &[(QTensor, Option<Tensor>)],
+    device: &Device,
+) -> Result<Option<Tensor>> {
+    if parts.iter().all(|(_, b)| b.is_none()) {
+        return Ok(None);
+    }
+    let biases = parts
+        .iter()
+        .map(|(w, b)| match b {
+            Some(b) => Ok(b.clone()),
+            None => Ok(Tensor::zeros(
+                w.shape().dims()[0],
+                candle_core::DType::F32,
+                device,
+            )?),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Some(Tensor::cat(&biases, 0)?))
 }
 
 /// A quantized matrix product through candle in which no row depends on the others.
@@ -508,9 +527,9 @@ mod tests {
                 };
                 let whole = tiles.weight.dequantize(&device).unwrap();
                 let expected = bits(super::super::dense::matmul_t(&x, &whole).unwrap()).unwrap();
-                let got = bits(tiled.forward(&x).unwrap()).unwrap();
+                let got = bits(tiled.forward(&x, false).unwrap()).unwrap();
                 assert_eq!(got, expected, "{dtype:?} ({n}, {k})");
-                let copied = bits(layer(true).forward(&x).unwrap()).unwrap();
+                let copied = bits(layer(true).forward(&x, false).unwrap()).unwrap();
                 assert_eq!(got, copied, "{dtype:?} ({n}, {k}): tiles against the copy");
             }
         }

@@ -11,6 +11,7 @@ mod cache_attention;
 mod dense;
 mod linear;
 mod llama;
+mod low_rank;
 mod phi3;
 mod pool;
 mod q4_1;

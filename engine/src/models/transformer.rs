@@ -9,6 +9,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::attention::causal_attention;
 use super::linear::{Linear, RowExact, WeightPlan, DENSE_MIN_ROWS};
+use super::low_rank::LowRank;
 use super::Config;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -41,6 +42,8 @@ pub struct Transformer {
     cos: Tensor,
     sin: Tensor,
     device: Device,
+    /// Whether an adapter's updates sit beside the weights.
+    adapted: bool,
 }
 
 /// Keys and values of every layer for a batch of sequences of equal length.
@@ -49,6 +52,9 @@ pub struct KvCache {
     batch: usize,
     len: usize,
     capacity: usize,
+    /// Whether the model's adapter runs for these sequences (their keys and values were
+    /// computed with it, so every later token must be too).
+    adapted: bool,
 }
 
 impl KvCache {
@@ -63,6 +69,11 @@ impl KvCache {
 
     pub fn batch(&self) -> usize {
         self.batch
+    }
+
+    /// Whether the model's adapter runs for these sequences.
+    pub fn adapted(&self) -> bool {
+        self.adapted
     }
 
     /// Forgets every position from `len` on (rejected draft tokens); the buffers stay.
@@ -94,6 +105,7 @@ impl KvCache {
             batch: self.batch,
             len,
             capacity,
+            adapted: self.adapted,
         })
     }
 
@@ -219,58 +231,52 @@ impl Transformer {
                 )));
             }
             let (wo, w_down) = (weight("attn_output")?, weight("ffn_down")?);
-            let block = match adapter {
-                None => Block {
-                    attn_norm,
-                    wqkv: Linear::fused(qkv, plan, device)?,
-                    wo: Linear::new(wo, None, plan, device)?,
-                    ffn_norm,
-                    w_gate_up: Linear::fused(gate_up, plan, device)?,
-                    w_down: Linear::new(w_down, None, plan, device)?,
-                    qk_norm,
-                },
-                Some(adapter) => {
-                    // W + B A in f32, on the CPU whatever the device (the file's blocks
-                    // dequantized by the same code as everywhere else), then the layer
-                    // from it.
-                    let cpu = &Device::Cpu;
-                    let merged =
-                        |parts: Vec<(QTensor, Option<Tensor>)>, names: &[&str]| -> Result<Linear> {
-                            let mut dense = Vec::new();
-                            let mut biases = Vec::new();
-                            for ((w, b), name) in parts.into_iter().zip(names) {
-                                let mut w = w.dequantize(cpu)?;
-                                if let Some(delta) = adapter.delta(i, name, cpu)? {
-                                    w = (w + delta)?;
-                                }
-                                biases.push(b);
-                                dense.push(w);
-                            }
-                            let bias = if biases.iter().any(Option::is_some) {
-                                let parts = biases
-                                    .into_iter()
-                                    .zip(&dense)
-                                    .map(|(b, w)| match b {
-                                        Some(b) => Ok(b.to_device(cpu)?),
-                                        None => Ok(Tensor::zeros(w.dim(0)?, DType::F32, cpu)?),
-                                    })
-                                    .collect::<Result<Vec<_>>>()?;
-                                Some(Tensor::cat(&parts, 0)?)
-                            } else {
-                                None
-                            };
-                            Linear::from_dense(Tensor::cat(&dense, 0)?, bias, plan, device)
-                        };
-                    Block {
-                        attn_norm,
-                        wqkv: merged(qkv, qkv_names)?,
-                        wo: merged(vec![(wo, None)], &["attn_output"])?,
-                        ffn_norm,
-                        w_gate_up: merged(gate_up, gate_up_names)?,
-                        w_down: merged(vec![(w_down, None)], &["ffn_down"])?,
-                        qk_norm,
-                    }
+            // An adapter stays beside the weights, so that one load serves both the calls
+            // it was trained for and the base model's: on the CPU its factors A and B sit
+            // beside the quantized weights; on a GPU each projection keeps W and W + B A
+            // in f32, both made on the CPU (see `Linear::dense_pair`).
+            let cpu = &Device::Cpu;
+            let layer = |parts: Vec<(QTensor, Option<Tensor>)>, names: &[&str]| -> Result<Linear> {
+                let Some(adapter) = adapter else {
+                    return Linear::fused(parts, plan, device);
+                };
+                if device.is_cpu() {
+                    let rows: Vec<usize> = parts.iter().map(|(w, _)| w.shape().dims()[0]).collect();
+                    let k = parts[0].0.shape().dims()[1];
+                    let updates = names
+                        .iter()
+                        .map(|name| adapter.low_rank(i, name))
+                        .collect::<Result<Vec<_>>>()?;
+                    let update = LowRank::new(k, &rows, updates)?;
+                    return Ok(Linear::fused(parts, plan, device)?.with_low_rank(update));
                 }
+                let bias = super::linear::fused_bias(&parts, device)?;
+                let (mut base, mut merged) = (Vec::new(), Vec::new());
+                for ((w, _), name) in parts.iter().zip(names) {
+                    let w = w.dequantize(cpu)?;
+                    merged.push(match adapter.delta(i, name, cpu)? {
+                        Some(delta) => (&w + delta)?,
+                        None => w.clone(),
+                    });
+                    base.push(w);
+                }
+                Linear::dense_pair(
+                    Tensor::cat(&base, 0)?,
+                    Tensor::cat(&merged, 0)?,
+                    bias,
+                    device,
+                )
+            };
+            let wo = vec![(wo, None)];
+            let w_down = vec![(w_down, None)];
+            let block = Block {
+                attn_norm,
+                ffn_norm,
+                qk_norm,
+                wqkv: layer(qkv, qkv_names)?,
+                wo: layer(wo, &["attn_output"])?,
+                w_gate_up: layer(gate_up, gate_up_names)?,
+                w_down: layer(w_down, &["ffn_down"])?,
             };
             blocks.push(block);
         }
@@ -284,6 +290,7 @@ impl Transformer {
             cos,
             sin,
             device: device.clone(),
+            adapted: adapter.is_some(),
         })
     }
 
@@ -297,12 +304,24 @@ impl Transformer {
 
     /// An empty cache for `batch` sequences, with room reserved for `capacity` tokens each.
     pub fn new_cache(&self, batch: usize, capacity: usize) -> KvCache {
+        self.new_cache_adapted(batch, capacity, true)
+    }
+
+    /// An empty cache for sequences that run with the model's adapter (if it has one)
+    /// when `adapted`, or with the base model's weights alone.
+    pub fn new_cache_adapted(&self, batch: usize, capacity: usize, adapted: bool) -> KvCache {
         KvCache {
             layers: (0..self.config.n_layer).map(|_| None).collect(),
             batch,
             len: 0,
             capacity: capacity.min(self.config.context_length),
+            adapted: adapted && self.adapted,
         }
+    }
+
+    /// Whether an adapter was loaded beside the weights.
+    pub fn has_adapter(&self) -> bool {
+        self.adapted
     }
 
     /// Runs `ids` (b, t) after what `cache` holds and returns the logits of the last
@@ -380,6 +399,13 @@ impl Transformer {
     /// [`Transformer::MAX_VERIFY`] rows in all take the kernels of one-token decoding, so
     /// each sequence gets exactly the logits it would get alone.
     pub fn forward_many(&self, inputs: &mut [(&[u32], &mut KvCache)]) -> Result<Vec<Tensor>> {
+        let adapted = inputs.first().is_some_and(|(_, cache)| cache.adapted);
+        if inputs.iter().any(|(_, cache)| cache.adapted != adapted) {
+            return Err(Error::InvalidRequest(
+                "forward_many takes sequences that all run with the adapter or all without"
+                    .to_string(),
+            ));
+        }
         let mut total = 0;
         for (ids, cache) in inputs.iter() {
             let (b, t) = self.check_input(&[ids.to_vec()], cache)?;
@@ -410,7 +436,7 @@ impl Transformer {
         let mut x = self.embed.embedding(&ids)?;
         for (i, block) in self.blocks.iter().enumerate() {
             let h = super::rowwise::rms_norm(&x, &block.attn_norm, cfg.rms_eps)?;
-            let qkv = block.wqkv.forward(&h)?;
+            let qkv = block.wqkv.forward(&h, adapted)?;
             let mut ys = Vec::with_capacity(inputs.len());
             let mut at = 0;
             for ((ids, cache), (cos, sin)) in inputs.iter_mut().zip(&tables) {
@@ -421,10 +447,10 @@ impl Transformer {
                 at += t;
             }
             let y = Tensor::cat(&ys, 1)?;
-            x = (x + block.wo.forward(&y)?)?;
+            x = (x + block.wo.forward(&y, adapted)?)?;
             let h = super::rowwise::rms_norm(&x, &block.ffn_norm, cfg.rms_eps)?;
-            let ff = super::rowwise::swiglu(&block.w_gate_up.forward(&h)?)?;
-            x = (x + block.w_down.forward(&ff)?)?;
+            let ff = super::rowwise::swiglu(&block.w_gate_up.forward(&h, adapted)?)?;
+            x = (x + block.w_down.forward(&ff, adapted)?)?;
         }
         for (ids, cache) in inputs.iter_mut() {
             cache.len += ids.len();
@@ -507,10 +533,10 @@ impl Transformer {
         let (x, a, ff) = (input(cfg.n_embd)?, input(attn)?, input(cfg.n_ff)?);
         let start = std::time::Instant::now();
         for block in &self.blocks {
-            block.wqkv.forward(&x)?;
-            block.wo.forward(&a)?;
-            block.w_gate_up.forward(&x)?;
-            block.w_down.forward(&ff)?;
+            block.wqkv.forward(&x, true)?;
+            block.wo.forward(&a, true)?;
+            block.w_gate_up.forward(&x, true)?;
+            block.w_down.forward(&ff, true)?;
         }
         let seconds = start.elapsed().as_secs_f64();
         let macs = cfg.n_embd * (qkv + 2 * cfg.n_ff) + (attn + cfg.n_ff) * cfg.n_embd;
@@ -568,12 +594,13 @@ impl Transformer {
         let mut x = self.embed.embedding(ids)?;
         for (i, block) in self.blocks.iter().enumerate() {
             let h = super::rowwise::rms_norm(&x, &block.attn_norm, cfg.rms_eps)?;
-            let qkv = block.wqkv.forward(&h)?;
+            let adapted = cache.adapted;
+            let qkv = block.wqkv.forward(&h, adapted)?;
             let y = self.attention(i, &qkv, cache, offset, &cos, &sin)?;
-            x = (x + block.wo.forward(&y)?)?;
+            x = (x + block.wo.forward(&y, adapted)?)?;
             let h = super::rowwise::rms_norm(&x, &block.ffn_norm, cfg.rms_eps)?;
-            let ff = super::rowwise::swiglu(&block.w_gate_up.forward(&h)?)?;
-            x = (x + block.w_down.forward(&ff)?)?;
+            let ff = super::rowwise::swiglu(&block.w_gate_up.forward(&h, adapted)?)?;
+            x = (x + block.w_down.forward(&ff, adapted)?)?;
         }
         cache.len += t;
         let x = match want {

@@ -1,5 +1,6 @@
 #!/bin/bash
 set -u
+T() { /usr/bin/time -f "$1 %e s %M KB" "${@:2}"; }
 M=/root/m; mkdir -p $M
 cat $M/part0 .gpu/part1 > $M/SmolLM2-135M-Instruct.Q4_1.gguf
 sha256sum $M/SmolLM2-135M-Instruct.Q4_1.gguf | tee $OUT/log.txt
@@ -8,11 +9,28 @@ cp adapters/SmolLM2-135M-Instruct.Q4_1/adapter.json $M/SmolLM2-135M-Instruct.Q4_
 xz -dc .gpu/memctl.xz > $M/memctl && chmod +x $M/memctl
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a $OUT/log.txt
 B="$M/memctl --model $M/SmolLM2-135M-Instruct.Q4_1.gguf --embedder none"
-R=$OUT/cuda.txt
-for A in "" "--adapter none"; do
-  echo "-- adapter: ${A:-default}" >> $R
-  $B --device cuda $A generate --max-tokens 48 -p "List the three primary colours, then name one fruit of each colour." >> $R 2>>$OUT/log.txt
-  $B --device cuda $A ask --file examples/harbour-notes.md "When does the new harbour office open?" >> $R 2>>$OUT/log.txt
-  timeout 120 $B --device cuda $A bench engine --prefill 512,2048 --decode 128 --rewrite 128,256 --batch 4 --repeats 2 >> $OUT/bench.txt 2>&1; echo "bench ${A:-default} rc=$?" >> $OUT/log.txt
+P="List the three primary colours, then name one fruit of each colour."
+for dev in cpu cuda; do
+  R=$OUT/$dev.txt
+  for a in default none; do
+    A=""; [ $a = none ] && A="--adapter none"
+    echo "-- generate adapter=$a" >> $R
+    T "gen-$a-$dev" $B --device $dev $A generate --max-tokens 48 -p "$P" >> $R 2>>$OUT/log.txt
+    echo "-- ask adapter=$a" >> $R
+    for q in "When does the new harbour office open?" "Who will run the new harbour office?"; do
+      T "ask-$a-$dev" $B --device $dev $A ask --file examples/harbour-notes.md "$q" >> $R 2>>$OUT/log.txt
+    done
+    rm -rf /tmp/d-$dev-$a
+    T "ingest-$a-$dev" $B --device $dev $A ingest --data-dir /tmp/d-$dev-$a chat .gpu/chat.txt >/dev/null 2>>$OUT/log.txt
+    echo "-- memory adapter=$a" >> $R
+    $B memory show --data-dir /tmp/d-$dev-$a chat >> $R 2>&1
+  done
 done
-cat $OUT/log.txt $R $OUT/bench.txt
+cmp -s $OUT/cpu.txt $OUT/cuda.txt && echo "cpu and cuda outputs equal" >> $OUT/log.txt || diff $OUT/cpu.txt $OUT/cuda.txt >> $OUT/log.txt
+for m in qnolr q+m0 q+m0copy q+m0sync; do
+  echo "== cuda MEMAGENT_LR_DEBUG=$m: $(MEMAGENT_LR_DEBUG=$m $B --device cuda generate --max-tokens 48 -p "$P" 2>&1 | tr '\n' ' ')" >> $OUT/log.txt
+done
+for A in "" "--adapter none"; do
+  timeout 100 $B --device cuda $A bench engine --prefill 512,2048 --decode 128 --rewrite 128,256 --batch 4 --repeats 2 >> $OUT/bench.txt 2>&1; echo "bench ${A:-default} rc=$?" >> $OUT/log.txt
+done
+cat $OUT/log.txt $OUT/bench.txt
