@@ -8,8 +8,8 @@ use std::sync::{Arc, LazyLock, Mutex};
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{Device, Module, Tensor};
 
+use super::blocks::{BlockMatrix, Format};
 use super::low_rank::LowRank;
-use super::q4_1::Q4_1Matrix;
 use crate::error::Result;
 
 /// Rows at or above which the dense weights are used.
@@ -123,8 +123,8 @@ impl candle_core::CustomOp1 for Tiles {
 
 /// The weights used for few rows (decode).
 enum Quantized {
-    /// Q4_1 on CPU: the engine's own kernel.
-    Q4_1(Q4_1Matrix),
+    /// Q4_1 and Q5_0 on CPU: the engine's own kernels (llama.cpp's products).
+    Blocks(BlockMatrix),
     Candle(RowExact),
 }
 
@@ -153,15 +153,16 @@ impl Linear {
             false => None,
         };
         // Tiles come from the file's own weights, as the copy does: decode's Q8_0 form of
-        // Q5_0 and Q5_1 would take less memory but moves prefill's numbers off
-        // llama.cpp's (a greedy Qwen2.5-Coder reply parts from it at the seventh token).
+        // Q5_1 would take less memory but moves prefill's numbers off llama.cpp's (taken
+        // from a Q8_0 form of Q5_0, a greedy Qwen2.5-Coder reply parted from it at the
+        // seventh token).
         let prefill = match (dense, copy) {
             (false, _) => None,
             (true, Some(w)) => Some(Prefill::Copy(w)),
             (true, None) => Some(Prefill::Tiles(Tiles::new(weight.clone())?)),
         };
-        let quantized = match q4_1_matrix(&weight, device)? {
-            Some(m) => Quantized::Q4_1(m),
+        let quantized = match block_matrix(&weight, device)? {
+            Some(m) => Quantized::Blocks(m),
             None => Quantized::Candle(RowExact::new(decode_weight(weight, device)?)?),
         };
         Ok(Self {
@@ -238,7 +239,7 @@ impl Linear {
                 y.reshape(out)?
             }
             _ => match &self.quantized {
-                Quantized::Q4_1(m) => x.contiguous()?.apply_op1_no_bwd(m)?,
+                Quantized::Blocks(m) => x.contiguous()?.apply_op1_no_bwd(m)?,
                 Quantized::Candle(m) => m.forward(x)?,
             },
         };
@@ -437,17 +438,23 @@ fn stack_rows(mut weights: Vec<QTensor>, device: &Device) -> Result<QTensor> {
     Ok(QTensor::quantize(&Tensor::cat(&dense, 0)?, dtype)?)
 }
 
-fn q4_1_matrix(weight: &QTensor, device: &Device) -> Result<Option<Q4_1Matrix>> {
-    if !device.is_cpu() || weight.dtype() != GgmlDType::Q4_1 {
+fn block_matrix(weight: &QTensor, device: &Device) -> Result<Option<BlockMatrix>> {
+    let format = match weight.dtype() {
+        GgmlDType::Q4_1 => Format::Q4_1,
+        GgmlDType::Q5_0 => Format::Q5_0,
+        _ => return Ok(None),
+    };
+    if !device.is_cpu() {
         return Ok(None);
     }
     let (n, k) = weight.shape().dims2()?;
-    Ok(Q4_1Matrix::new(n, k, weight.data()?.into_owned()))
+    Ok(BlockMatrix::new(format, n, k, weight.data()?.into_owned()))
 }
 
-/// Quantized types whose CPU dot products are scalar-only in candle are re-quantized to
-/// Q8_0 (SIMD kernels on x86 and Arm). Q8_0 holds a Q4/Q5 block almost exactly:
-/// the rounding step is 1/17 of the source's.
+/// Quantized types whose CPU dot products are scalar-only in candle, and that the
+/// engine's own kernels do not take (Q5_1; Q4_1 and Q5_0 rows not made of whole blocks),
+/// are re-quantized to Q8_0 (SIMD kernels on x86 and Arm). Q8_0 holds a Q4/Q5 block
+/// almost exactly: the rounding step is 1/17 of the source's.
 fn decode_weight(weight: Arc<QTensor>, device: &Device) -> Result<Arc<QTensor>> {
     let slow_on_cpu = matches!(
         weight.dtype(),

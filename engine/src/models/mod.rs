@@ -2,6 +2,7 @@
 //! `transformer`, each architecture has a file that reads its configuration.
 
 mod attention;
+mod blocks;
 #[cfg(all(
     target_arch = "x86_64",
     target_feature = "avx2",
@@ -14,7 +15,6 @@ mod llama;
 mod low_rank;
 mod phi3;
 mod pool;
-mod q4_1;
 mod qwen2;
 mod qwen3;
 mod rowwise;

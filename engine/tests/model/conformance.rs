@@ -82,7 +82,14 @@ fn chat_template_renders_byte_for_byte() {
 /// Greedy continuations, free-running: short answers that end on end-of-turn match whole,
 /// longer ones on their first 16 tokens. Prompts past 4,096 tokens are left to the
 /// teacher-forced check.
-fn greedy_failures(model: &LocalModel, reference: &serde_json::Value) -> Vec<String> {
+/// Greedy continuations against llama.cpp's: equal, or (with `tie`) equal up to a step
+/// where llama.cpp's token is within `tie` logits of our first choice there, after which
+/// the two texts go their own ways.
+fn greedy_failures(
+    model: &LocalModel,
+    reference: &serde_json::Value,
+    tie: Option<f32>,
+) -> Vec<String> {
     let mut failures = Vec::new();
     for (i, case) in reference["greedy"].as_array().unwrap().iter().enumerate() {
         let prompt = ids(&case["prompt_ids"]);
@@ -107,6 +114,33 @@ fn greedy_failures(model: &LocalModel, reference: &serde_json::Value) -> Vec<Str
         } else {
             16.min(expected.len())
         };
+        let parted = got
+            .token_ids
+            .iter()
+            .zip(&expected[..n])
+            .position(|(a, b)| a != b);
+        if let (Some(tie), Some(step)) = (tie, parted) {
+            let t = model.transformer();
+            let forced = [&prompt[..], &expected[..step]].concat();
+            let mut cache = t.new_cache(1, forced.len());
+            let row: Vec<f32> = t
+                .forward(&[forced], &mut cache)
+                .unwrap()
+                .squeeze(0)
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let best = memagent_engine::argmax(&row);
+            let gap = row[best as usize] - row[expected[step] as usize];
+            eprintln!("case {i}: parts from llama.cpp at step {step}, a tie of {gap:.3} logits");
+            if gap > tie {
+                failures.push(format!(
+                    "case {i}, step {step}: llama.cpp's token {} is {gap:.3} logits below our {best}",
+                    expected[step]
+                ));
+            }
+            continue;
+        }
         if got.token_ids.get(..n) != Some(&expected[..n]) || (whole && got.token_ids.len() != n) {
             failures.push(format!(
                 "case {i} ({} prompt tokens), first {n} tokens differ:\n  ours      {:?} {:?}\n  llama.cpp {:?} {:?}",
@@ -130,7 +164,7 @@ fn greedy_failures(model: &LocalModel, reference: &serde_json::Value) -> Vec<Str
 /// only once).
 #[test]
 fn greedy_continuations_match_llama_cpp() {
-    let failures = greedy_failures(model(), reference());
+    let failures = greedy_failures(model(), reference(), None);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -174,8 +208,16 @@ fn reference_tokens_are_our_first_choice_or_a_near_tie() {
     eprintln!("{}", report.join(", "));
 }
 
+/// How far below our first choice llama.cpp's greedy token may be where a Qwen2.5-Coder
+/// reply parts from llama.cpp's. Its Q5_0 projections run llama.cpp's Q5_0 x Q8_0
+/// product, which llama.cpp itself sums in another order where its tiled kernels take
+/// them; one reply parts at the seventh token, at a tie of 0.002 logits (0.055 when the
+/// tokens before it are decoded one at a time).
+const QWEN_TIE: f32 = 0.15;
+
 /// Qwen2.5-Coder-0.5B-Instruct (Q5_0, Q4_K, Q6_K and Q8_0 tensors): token ids, chat
-/// renderings, greedy continuations and teacher-forced choices against llama.cpp.
+/// renderings, greedy continuations (to a near-tie) and teacher-forced choices against
+/// llama.cpp.
 #[test]
 fn qwen_coder_agrees_with_llama_cpp() {
     let reference: serde_json::Value = serde_json::from_str(include_str!(
@@ -197,7 +239,7 @@ fn qwen_coder_agrees_with_llama_cpp() {
     let model = LocalModel::load(&path, &Default::default()).unwrap();
     let mut failures = tokenizer_failures(&model, &reference);
     failures.extend(chat_failures(&model, &reference));
-    failures.extend(greedy_failures(&model, &reference));
+    failures.extend(greedy_failures(&model, &reference, Some(QWEN_TIE)));
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     let report = teacher_forced(&model, &reference, 0.5);
     eprintln!("qwen2.5-coder: {}", report.join(", "));

@@ -1,19 +1,37 @@
-//! Matrix-vector products on Q4_1 weights for CPU decode. candle runs Q4_1 with scalar
-//! code only; this kernel is llama.cpp's: activations quantized to Q8_1 blocks, products
-//! summed in integers with AVX2 where the build has it, so decode reads 20 bytes per 32
-//! weights and rounds as llama.cpp does.
+//! Matrix-vector products on Q4_1 and Q5_0 weights for CPU decode. candle runs both with
+//! scalar code only; these kernels are llama.cpp's: activations quantized to 8-bit blocks
+//! (Q8_1 for Q4_1, Q8_0 for Q5_0: the same bytes and scale, Q8_1 adds their sum), products
+//! summed in integers with AVX2 where the build has it, so decode reads the file's 20 or
+//! 22 bytes per 32 weights and rounds as llama.cpp does.
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape};
 use half::f16;
 
 const QK: usize = 32;
-/// Bytes of one Q4_1 block: d (f16), m (f16), 16 bytes of nibbles.
-const BLOCK_BYTES: usize = 20;
 /// Output rows per parallel work item.
 const ROWS_PER_TASK: usize = 32;
 
-/// A (n, k) Q4_1 weight matrix, rows of k/32 blocks.
-pub(crate) struct Q4_1Matrix {
+/// The block formats these kernels read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// d (f16), m (f16), 16 bytes of nibbles: w = d q + m.
+    Q4_1,
+    /// d (f16), 4 bytes of fifth bits, 16 bytes of nibbles: w = d (q - 16).
+    Q5_0,
+}
+
+impl Format {
+    const fn block_bytes(self) -> usize {
+        match self {
+            Self::Q4_1 => 20,
+            Self::Q5_0 => 22,
+        }
+    }
+}
+
+/// A (n, k) weight matrix of Q4_1 or Q5_0 blocks, rows of k/32 blocks.
+pub(crate) struct BlockMatrix {
+    format: Format,
     n: usize,
     k: usize,
     data: Vec<u8>,
@@ -26,17 +44,14 @@ struct Q8_1Row {
     qs: Vec<i8>,
 }
 
-impl Q4_1Matrix {
-    pub(crate) fn new(n: usize, k: usize, data: Vec<u8>) -> Option<Self> {
-        (k.is_multiple_of(QK) && data.len() == n * k / QK * BLOCK_BYTES).then_some(Self {
-            n,
-            k,
-            data,
-        })
+impl BlockMatrix {
+    pub(crate) fn new(format: Format, n: usize, k: usize, data: Vec<u8>) -> Option<Self> {
+        let whole = data.len() == n * k / QK * format.block_bytes();
+        (k.is_multiple_of(QK) && whole).then_some(Self { format, n, k, data })
     }
 
     fn row(&self, i: usize) -> &[u8] {
-        let bytes = self.k / QK * BLOCK_BYTES;
+        let bytes = self.k / QK * self.format.block_bytes();
         &self.data[i * bytes..(i + 1) * bytes]
     }
 }
@@ -97,9 +112,10 @@ fn half_at(bytes: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }
 
-/// Dot product of a Q4_1 row with a Q8_1 row (the kernel uses it for single rows).
+/// Dot product of a weight row with a row of activations (the kernel uses it for single
+/// rows).
 #[cfg(test)]
-fn dot(w: &[u8], x: &Q8_1Row) -> f32 {
+fn dot(format: Format, w: &[u8], x: &Q8_1Row) -> f32 {
     #[cfg(all(
         target_arch = "x86_64",
         target_feature = "avx2",
@@ -107,20 +123,25 @@ fn dot(w: &[u8], x: &Q8_1Row) -> f32 {
     ))]
     {
         // SAFETY: the features are compiled in; lengths agree by construction.
-        unsafe { avx2::dot(w, x) }
+        unsafe {
+            match format {
+                Format::Q4_1 => avx2::dot(w, x),
+                Format::Q5_0 => avx2::dot_q5_0(w, x),
+            }
+        }
     }
     #[cfg(not(all(
         target_arch = "x86_64",
         target_feature = "avx2",
         target_feature = "fma"
     )))]
-    dot_scalar(w, x)
+    dot_scalar(format, w, x)
 }
 
 /// Dot products of one Q4_1 row with several Q8_1 rows: the weights are read and
 /// unpacked once per group of rows, and each row's sum is computed in exactly the order
 /// of a single product, so a result never depends on the other rows.
-fn dots(w: &[u8], xs: &[&Q8_1Row], out: &mut [f32]) {
+fn dots(format: Format, w: &[u8], xs: &[&Q8_1Row], out: &mut [f32]) {
     #[cfg(all(
         target_arch = "x86_64",
         target_feature = "avx2",
@@ -133,12 +154,16 @@ fn dots(w: &[u8], xs: &[&Q8_1Row], out: &mut [f32]) {
             let (x, o) = (&xs[at..at + n], &mut out[at..at + n]);
             // SAFETY: the features are compiled in; lengths agree by construction.
             unsafe {
-                match n {
-                    4 => avx2::dots::<4>(w, x, o),
-                    3 => avx2::dots::<3>(w, x, o),
-                    2 => avx2::dots::<2>(w, x, o),
+                match (format, n) {
+                    (Format::Q4_1, 4) => avx2::dots::<4>(w, x, o),
+                    (Format::Q4_1, 3) => avx2::dots::<3>(w, x, o),
+                    (Format::Q4_1, 2) => avx2::dots::<2>(w, x, o),
                     // One row (decode): the plain product, a little faster.
-                    _ => o[0] = avx2::dot(w, x[0]),
+                    (Format::Q4_1, _) => o[0] = avx2::dot(w, x[0]),
+                    (Format::Q5_0, 4) => avx2::dots_q5_0::<4>(w, x, o),
+                    (Format::Q5_0, 3) => avx2::dots_q5_0::<3>(w, x, o),
+                    (Format::Q5_0, 2) => avx2::dots_q5_0::<2>(w, x, o),
+                    (Format::Q5_0, _) => o[0] = avx2::dot_q5_0(w, x[0]),
                 }
             }
             at += n;
@@ -150,7 +175,7 @@ fn dots(w: &[u8], xs: &[&Q8_1Row], out: &mut [f32]) {
         target_feature = "fma"
     )))]
     for (o, x) in out.iter_mut().zip(xs) {
-        *o = dot_scalar(w, x);
+        *o = dot_scalar(format, w, x);
     }
 }
 
@@ -162,9 +187,12 @@ fn dots(w: &[u8], xs: &[&Q8_1Row], out: &mut [f32]) {
     ),
     allow(dead_code)
 )]
-fn dot_scalar(w: &[u8], x: &Q8_1Row) -> f32 {
+fn dot_scalar(format: Format, w: &[u8], x: &Q8_1Row) -> f32 {
+    if format == Format::Q5_0 {
+        return dot_scalar_q5_0(w, x);
+    }
     let mut sum = 0f32;
-    for (b, block) in w.chunks_exact(BLOCK_BYTES).enumerate() {
+    for (b, block) in w.chunks_exact(Format::Q4_1.block_bytes()).enumerate() {
         let (d, m) = (half_at(block, 0), half_at(block, 2));
         let qs = &x.qs[b * QK..(b + 1) * QK];
         let mut acc = 0i32;
@@ -178,6 +206,36 @@ fn dot_scalar(w: &[u8], x: &Q8_1Row) -> f32 {
     sum
 }
 
+/// llama.cpp's reference Q5_0 x Q8_0 product: w = d (q - 16), q of five bits, the
+/// fifth from the block's 32-bit mask.
+#[cfg_attr(
+    all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ),
+    allow(dead_code)
+)]
+fn dot_scalar_q5_0(w: &[u8], x: &Q8_1Row) -> f32 {
+    let mut sum = 0f32;
+    for (b, block) in w.chunks_exact(Format::Q5_0.block_bytes()).enumerate() {
+        let d = half_at(block, 0);
+        let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+        let qs = &x.qs[b * QK..(b + 1) * QK];
+        let mut acc = 0i32;
+        for j in 0..QK / 2 {
+            let byte = block[6 + j];
+            let high_lo = (((qh >> j) << 4) & 0x10) as u8;
+            let high_hi = ((qh >> (j + 12)) & 0x10) as u8;
+            let lo = i32::from((byte & 0x0F) | high_lo) - 16;
+            let hi = i32::from((byte >> 4) | high_hi) - 16;
+            acc += lo * i32::from(qs[j]) + hi * i32::from(qs[j + QK / 2]);
+        }
+        sum += d * x.d[b] * acc as f32;
+    }
+    sum
+}
+
 #[cfg(all(
     target_arch = "x86_64",
     target_feature = "avx2",
@@ -186,7 +244,10 @@ fn dot_scalar(w: &[u8], x: &Q8_1Row) -> f32 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{half_at, Q8_1Row, BLOCK_BYTES, QK};
+    use super::{half_at, Format, Q8_1Row, QK};
+
+    const BLOCK_BYTES: usize = Format::Q4_1.block_bytes();
+    const Q5_0_BYTES: usize = Format::Q5_0.block_bytes();
 
     /// # Safety
     /// `w` holds whole Q4_1 blocks and `x` at least as many Q8_1 blocks.
@@ -274,6 +335,95 @@ mod avx2 {
         }
     }
 
+    /// A Q5_0 block's 32 weights as signed bytes q - 16 (llama.cpp's unpacking: the
+    /// nibbles, with 0xF0 set where the fifth bit is clear).
+    ///
+    /// # Safety
+    /// `block` holds a whole Q5_0 block; AVX2 is compiled in.
+    #[inline(always)]
+    unsafe fn q5_0_bytes(block: &[u8]) -> __m256i {
+        // SAFETY: reads 4 bytes at 2 and 16 bytes at 6 of a 22-byte block.
+        unsafe {
+            let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+            let packed = _mm_loadu_si128(block.as_ptr().add(6) as *const __m128i);
+            let nibbles = _mm256_and_si256(
+                _mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed),
+                _mm256_set1_epi8(0x0F),
+            );
+            // Byte j all ones where bit j of qh is set.
+            let spread = _mm256_shuffle_epi8(
+                _mm256_set1_epi32(qh as i32),
+                _mm256_set_epi64x(
+                    0x0303_0303_0303_0303,
+                    0x0202_0202_0202_0202,
+                    0x0101_0101_0101_0101,
+                    0,
+                ),
+            );
+            let bits = _mm256_cmpeq_epi8(
+                _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe)),
+                _mm256_set1_epi64x(-1),
+            );
+            let high = _mm256_andnot_si256(bits, _mm256_set1_epi8(0xF0u8 as i8));
+            _mm256_or_si256(nibbles, high)
+        }
+    }
+
+    /// Eight sums of four products of signed bytes, as floats (llama.cpp's
+    /// `mul_sum_i8_pairs_float`).
+    #[inline(always)]
+    fn mul_sum_i8(w: __m256i, x: __m256i) -> __m256 {
+        // SAFETY: AVX2 is compiled in (this module exists only then).
+        unsafe {
+            let ax = _mm256_sign_epi8(w, w);
+            let sy = _mm256_sign_epi8(x, w);
+            let pairs = _mm256_maddubs_epi16(ax, sy);
+            _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+        }
+    }
+
+    /// # Safety
+    /// `w` holds whole Q5_0 blocks and `x` at least as many 8-bit blocks.
+    #[inline]
+    pub(super) unsafe fn dot_q5_0(w: &[u8], x: &Q8_1Row) -> f32 {
+        // SAFETY: every load reads inside `w` (22-byte blocks) or `x.qs` (32 per block).
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            for (b, block) in w.chunks_exact(Q5_0_BYTES).enumerate() {
+                let d = half_at(block, 0) * x.d[b];
+                let xq = _mm256_loadu_si256(x.qs.as_ptr().add(b * QK) as *const __m256i);
+                let q = mul_sum_i8(q5_0_bytes(block), xq);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), q, acc);
+            }
+            hsum(acc)
+        }
+    }
+
+    /// [`dot_q5_0`] for `N` rows of activations at once, each summed in its order.
+    ///
+    /// # Safety
+    /// As [`dots`], with Q5_0 blocks.
+    #[inline]
+    pub(super) unsafe fn dots_q5_0<const N: usize>(w: &[u8], xs: &[&Q8_1Row], out: &mut [f32]) {
+        // SAFETY: every load reads inside `w` (22-byte blocks) or `x.qs` (32 per block).
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); N];
+            for (b, block) in w.chunks_exact(Q5_0_BYTES).enumerate() {
+                let wd = half_at(block, 0);
+                let wq = q5_0_bytes(block);
+                for r in 0..N {
+                    let x = xs[r];
+                    let xq = _mm256_loadu_si256(x.qs.as_ptr().add(b * QK) as *const __m256i);
+                    let q = mul_sum_i8(wq, xq);
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(wd * x.d[b]), q, acc[r]);
+                }
+            }
+            for r in 0..N {
+                out[r] = hsum(acc[r]);
+            }
+        }
+    }
+
     /// Rows of activations sharing one pass over a weight row.
     pub(super) const GROUP: usize = 4;
 
@@ -310,9 +460,12 @@ mod avx2 {
     }
 }
 
-impl CustomOp1 for Q4_1Matrix {
+impl CustomOp1 for BlockMatrix {
     fn name(&self) -> &'static str {
-        "q4_1-matmul"
+        match self.format {
+            Format::Q4_1 => "q4_1-matmul",
+            Format::Q5_0 => "q5_0-matmul",
+        }
     }
 
     fn cpu_fwd(
@@ -348,7 +501,7 @@ impl CustomOp1 for Q4_1Matrix {
                     let cells = unsafe {
                         std::slice::from_raw_parts_mut((out_ptr as *mut f32).add(j * m), m)
                     };
-                    dots(self.row(j), &rows, cells);
+                    dots(self.format, self.row(j), &rows, cells);
                 }
             }
         });
@@ -404,7 +557,7 @@ mod tests {
             .collect();
         let q = quantize_q8_1(&x);
         let exact: f32 = dense.iter().zip(&x).map(|(a, b)| a * b).sum();
-        let (fast, slow) = (dot(&w, &q), dot_scalar(&w, &q));
+        let (fast, slow) = (dot(Format::Q4_1, &w, &q), dot_scalar(Format::Q4_1, &w, &q));
         assert!(
             (fast - slow).abs() <= 1e-4 * slow.abs().max(1.0),
             "{fast} vs {slow}"
@@ -474,13 +627,79 @@ mod tests {
                 quantize_q8_1(&x)
             })
             .collect();
+        each_row_alone(Format::Q4_1, &w, &rows);
+    }
+
+    /// Products with the first 1, 2, … of `rows` at once equal one-row products bit for
+    /// bit, whatever the number of rows (groups of four and the remainders).
+    fn each_row_alone(format: Format, w: &[u8], rows: &[Q8_1Row]) {
         for m in 1..=rows.len() {
             let refs: Vec<&Q8_1Row> = rows[..m].iter().collect();
             let mut out = vec![0f32; m];
-            dots(&w, &refs, &mut out);
+            dots(format, w, &refs, &mut out);
             for (i, x) in rows[..m].iter().enumerate() {
-                assert_eq!(out[i].to_bits(), dot(&w, x).to_bits(), "{m} rows, row {i}");
+                assert_eq!(
+                    out[i].to_bits(),
+                    dot(format, w, x).to_bits(),
+                    "{format:?}: {m} rows, row {i}"
+                );
             }
         }
+    }
+
+    /// Random Q5_0 blocks (with `k` weights) and their f32 values.
+    fn q5_0_blocks(k: usize, next: &mut impl FnMut() -> u32) -> (Vec<u8>, Vec<f32>) {
+        let (mut w, mut dense) = (Vec::new(), Vec::new());
+        for _ in 0..k / QK {
+            let d = f16::from_f32(0.01 + (next() % 100) as f32 * 1e-4);
+            let qh = next() ^ (next() << 16);
+            let qs: Vec<u8> = (0..QK / 2).map(|_| (next() & 0xFF) as u8).collect();
+            w.extend_from_slice(&d.to_le_bytes());
+            w.extend_from_slice(&qh.to_le_bytes());
+            w.extend_from_slice(&qs);
+            let mut block = [0f32; QK];
+            for j in 0..QK / 2 {
+                let lo = (qs[j] & 0x0F) as u32 | ((qh >> j) & 1) << 4;
+                let hi = (qs[j] >> 4) as u32 | ((qh >> (j + 16)) & 1) << 4;
+                block[j] = d.to_f32() * (lo as f32 - 16.0);
+                block[j + QK / 2] = d.to_f32() * (hi as f32 - 16.0);
+            }
+            dense.extend_from_slice(&block);
+        }
+        (w, dense)
+    }
+
+    /// Q5_0: the SIMD product (when built) equals llama.cpp's scalar reference and
+    /// approximates the f32 product of the dequantized weights; products of several rows
+    /// equal one-row products bit for bit.
+    #[test]
+    fn q5_0_products_match_the_reference_and_each_row_alone() {
+        let k = 160;
+        let mut seed = 9090u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            seed >> 8
+        };
+        let (w, dense) = q5_0_blocks(k, &mut next);
+        let rows: Vec<Q8_1Row> = (0..11)
+            .map(|_| {
+                let x: Vec<f32> = (0..k)
+                    .map(|_| (next() % 4000) as f32 / 997.0 - 2.0)
+                    .collect();
+                let exact: f32 = dense.iter().zip(&x).map(|(a, b)| a * b).sum();
+                let q = quantize_q8_1(&x);
+                let (fast, slow) = (dot(Format::Q5_0, &w, &q), dot_scalar(Format::Q5_0, &w, &q));
+                assert!(
+                    (fast - slow).abs() <= 1e-4 * slow.abs().max(1.0),
+                    "{fast} vs {slow}"
+                );
+                assert!(
+                    (fast - exact).abs() <= 0.02 * exact.abs().max(1.0),
+                    "{fast} vs {exact}"
+                );
+                q
+            })
+            .collect();
+        each_row_alone(Format::Q5_0, &w, &rows);
     }
 }
