@@ -247,7 +247,6 @@ pub struct LocalModel {
     template: ChatTemplate,
     transformer: Transformer,
     adapter: Option<PathBuf>,
-    adapter_writer: Option<crate::agent::Writer>,
     adapter_manifest: Option<crate::adapter::AdapterManifest>,
     prefixes: Mutex<PrefixCache>,
 }
@@ -299,7 +298,6 @@ impl LocalModel {
             tokenizer,
             template,
             transformer,
-            adapter_writer: adapter.as_ref().and_then(|a| a.manifest.writer()),
             adapter_manifest: adapter.as_ref().map(|a| a.manifest.clone()),
             adapter: adapter.map(|a| a.path),
             prefixes: Mutex::new(PrefixCache::default()),
@@ -321,7 +319,7 @@ impl LocalModel {
 
     /// The memory writer the adapter was trained for, when it says.
     pub fn adapter_writer(&self) -> Option<crate::agent::Writer> {
-        self.adapter_writer
+        self.adapter_manifest.as_ref()?.writer()
     }
 
     /// Whether answers with `template` run with the adapter: only those of a kind it
