@@ -1318,9 +1318,12 @@ pub struct BenchEngineArgs {
     #[arg(long, value_name = "N", default_value_t = memagent_engine::DEFAULT_DRAFT_TOKENS)]
     pub draft_tokens: usize,
 
-    /// Memory rewrites of this many different streams (128-token memories, up to 256 new
-    /// tokens), decoded one after another and then as one batch: decode tok/s of all of
-    /// them each way and the ratio, with a check that the tokens agree. 0 or 1: none
+    /// Sequences decoded as one batch, in two cases: `tg{decode}x{N}`, N sequences of
+    /// --decode tokens each (end-of-turn ignored), against one sequence's tg{decode}; and
+    /// `bw{N}`, memory rewrites of N different streams (128-token memories, up to 256 new
+    /// tokens, each stopping where it ends), decoded one after another and then as one
+    /// batch. Reports decode tok/s of all sequences and the ratio, and checks that the
+    /// tokens agree. 0 or 1: none
     #[arg(long, value_name = "N", default_value_t = 4)]
     pub batch: usize,
 

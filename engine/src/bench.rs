@@ -92,23 +92,55 @@ pub fn bench_projections(model: &LocalModel, rows: usize, repeats: usize) -> Res
     })
 }
 
-/// Greedy decode of `tokens` tokens after a one-token prompt, end-of-turn ignored.
+/// Greedy decode of `tokens` tokens after a one-token prompt, end-of-turn ignored
+/// (`tg{tokens}`); also returns the tokens.
 pub fn bench_decode(
     model: &LocalModel,
     start: u32,
     tokens: usize,
     repeats: usize,
-) -> Result<BenchResult> {
+) -> Result<(BenchResult, Vec<u32>)> {
+    let (result, mut decoded) = bench_decode_batch(model, &[start], tokens, repeats)?;
+    let ids = decoded.pop().unwrap_or_default();
+    Ok((
+        BenchResult {
+            test: format!("tg{tokens}"),
+            ..result
+        },
+        ids,
+    ))
+}
+
+/// `starts.len()` sequences, each a one-token prompt, decoded greedily `tokens` tokens
+/// each as one batch, end-of-turn ignored (`tg{tokens}x{n}`): every pass multiplies the
+/// weights once for all of them. Tokens per second counts every sequence's tokens. Also
+/// returns each sequence's tokens.
+pub fn bench_decode_batch(
+    model: &LocalModel,
+    starts: &[u32],
+    tokens: usize,
+    repeats: usize,
+) -> Result<(BenchResult, Vec<Vec<u32>>)> {
     let transformer = model.transformer();
-    measure(format!("tg{tokens}"), tokens, repeats, || {
-        let mut cache = transformer.new_cache(1, tokens + 1);
-        let mut next = start;
+    let n = starts.len();
+    let mut decoded = vec![Vec::with_capacity(tokens); n];
+    let result = measure(format!("tg{tokens}x{n}"), tokens * n, repeats, || {
+        let mut cache = transformer.new_cache(n, tokens + 1);
+        let mut next: Vec<u32> = starts.to_vec();
+        for seq in decoded.iter_mut() {
+            seq.clear();
+        }
         for _ in 0..tokens {
-            let logits = transformer.forward(&[vec![next]], &mut cache)?;
-            next = argmax(&logits.squeeze(0)?.to_vec1::<f32>()?);
+            let ids: Vec<Vec<u32>> = next.iter().map(|&t| vec![t]).collect();
+            let logits = transformer.forward(&ids, &mut cache)?;
+            for (i, (t, seq)) in next.iter_mut().zip(decoded.iter_mut()).enumerate() {
+                *t = argmax(&logits.get(i)?.to_vec1::<f32>()?);
+                seq.push(*t);
+            }
         }
         Ok(())
-    })
+    })?;
+    Ok((result, decoded))
 }
 
 /// A memory rewrite: the loop's update prompt with a previous memory of about

@@ -5,7 +5,8 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use memagent_engine::agent::MemoryAgent;
 use memagent_engine::bench::{
-    bench_batch, bench_decode, bench_prefill, bench_projections, bench_rewrite, BenchResult,
+    bench_batch, bench_decode, bench_decode_batch, bench_prefill, bench_projections, bench_rewrite,
+    BenchResult,
 };
 use memagent_tasks::{single_needle, Haystack, NeedleSample};
 use serde::Serialize;
@@ -44,9 +45,23 @@ pub fn engine(global: &Settings, args: &BenchEngineArgs) -> Result<()> {
         results.push(r);
     }
     if args.decode > 0 {
-        let r = bench_decode(&model, unit[0], args.decode, args.repeats)?;
+        let (r, alone) = bench_decode(&model, unit[0], args.decode, args.repeats)?;
         report_progress(&r);
         results.push(r);
+        if args.batch > 1 {
+            // Sequence 0 starts as the one-sequence case did; the others from the
+            // filler's next tokens.
+            let starts: Vec<u32> = unit.iter().copied().cycle().take(args.batch).collect();
+            let (r, together) = bench_decode_batch(&model, &starts, args.decode, args.repeats)?;
+            anyhow::ensure!(
+                together[0] == alone,
+                "{}: sequence 0 decoded differently in a batch: the batch is not exact; \
+                 please report this",
+                r.test
+            );
+            report_progress(&r);
+            results.push(r);
+        }
     }
     for &m in args.rewrite.iter().filter(|&&m| m > 0) {
         let (plain, want) = bench_rewrite(&model, FILLER, m, 256, 0, args.repeats)?;
@@ -106,11 +121,16 @@ pub fn engine(global: &Settings, args: &BenchEngineArgs) -> Result<()> {
         });
         // A drafted rewrite follows its plain run, a batch its sequences alone.
         let (speedup, accepted, per_pass) = match (&r.decoding, i.checked_sub(1)) {
-            (None, Some(j)) if r.test.starts_with("bw") && !r.test.ends_with("-alone") => (
-                format!("{:.2}x", r.tokens_per_second / results[j].tokens_per_second),
-                "-".into(),
-                "-".into(),
-            ),
+            (None, Some(j))
+                if (r.test.starts_with("bw") && !r.test.ends_with("-alone"))
+                    || (r.test.starts_with("tg") && r.test.contains('x')) =>
+            {
+                (
+                    format!("{:.2}x", r.tokens_per_second / results[j].tokens_per_second),
+                    "-".into(),
+                    "-".into(),
+                )
+            }
             (Some(d), Some(j)) if d.drafted > 0 || r.test.contains("-d") => (
                 format!("{:.2}x", r.tokens_per_second / results[j].tokens_per_second),
                 format!("{:.0}%", 100.0 * d.acceptance_rate()),

@@ -9,6 +9,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{Device, Module, Tensor};
 
 use super::blocks::{BlockMatrix, Format};
+use super::kquants::KFormat;
 use super::low_rank::LowRank;
 use crate::error::Result;
 
@@ -123,9 +124,41 @@ impl candle_core::CustomOp1 for Tiles {
 
 /// The weights used for few rows (decode).
 enum Quantized {
-    /// Q4_1 and Q5_0 on CPU: the engine's own kernels (llama.cpp's products).
+    /// Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K on CPU: the engine's own kernels,
+    /// exact across row counts and reading the weights once for up to four rows.
     Blocks(BlockMatrix),
+    /// Other types, and every type on a GPU: candle's kernels, made row-exact.
     Candle(RowExact),
+}
+
+impl Quantized {
+    fn new(weight: Arc<QTensor>, device: &Device) -> Result<Self> {
+        Ok(match block_matrix(&weight, device)? {
+            Some(m) => Self::Blocks(m),
+            None => Self::Candle(RowExact::new(decode_weight(weight, device)?)?),
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(match self {
+            Self::Blocks(m) => x.contiguous()?.apply_op1_no_bwd(m)?,
+            Self::Candle(m) => m.forward(x)?,
+        })
+    }
+}
+
+/// A model's output head: the quantized product alone (prefill asks it for the last rows
+/// only). A tied head shares the embedding's tensor.
+pub(crate) struct Head(Quantized);
+
+impl Head {
+    pub(crate) fn new(weight: Arc<QTensor>, device: &Device) -> Result<Self> {
+        Ok(Self(Quantized::new(weight, device)?))
+    }
+
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.0.forward(x)
+    }
 }
 
 pub(crate) struct Linear {
@@ -161,10 +194,7 @@ impl Linear {
             (true, Some(w)) => Some(Prefill::Copy(w)),
             (true, None) => Some(Prefill::Tiles(Tiles::new(weight.clone())?)),
         };
-        let quantized = match block_matrix(&weight, device)? {
-            Some(m) => Quantized::Blocks(m),
-            None => Quantized::Candle(RowExact::new(decode_weight(weight, device)?)?),
-        };
+        let quantized = Quantized::new(weight, device)?;
         Ok(Self {
             quantized,
             prefill,
@@ -238,10 +268,7 @@ impl Linear {
                 *out.last_mut().expect("rank >= 1") = y.dim(1)?;
                 y.reshape(out)?
             }
-            _ => match &self.quantized {
-                Quantized::Blocks(m) => x.contiguous()?.apply_op1_no_bwd(m)?,
-                Quantized::Candle(m) => m.forward(x)?,
-            },
+            _ => self.quantized.forward(x)?,
         };
         let y = match (&self.low_rank, adapted) {
             (Some(low_rank), true) => (y + low_rank.forward(x)?)?,
@@ -390,7 +417,7 @@ impl Rows {
 }
 
 /// Fixed pseudo-random values in [-1, 1).
-fn probe_values(count: usize, seed: u64) -> Vec<f32> {
+pub(crate) fn probe_values(count: usize, seed: u64) -> Vec<f32> {
     (0..count as u64)
         .map(|i| {
             let h = (i ^ (seed << 40))
@@ -438,17 +465,22 @@ fn stack_rows(mut weights: Vec<QTensor>, device: &Device) -> Result<QTensor> {
     Ok(QTensor::quantize(&Tensor::cat(&dense, 0)?, dtype)?)
 }
 
-fn block_matrix(weight: &QTensor, device: &Device) -> Result<Option<BlockMatrix>> {
+/// The engine's own kernels for a CPU weight of a type they read, in rows of whole blocks.
+fn block_matrix(weight: &Arc<QTensor>, device: &Device) -> Result<Option<BlockMatrix>> {
     let format = match weight.dtype() {
+        GgmlDType::Q4_0 => Format::Q4_0,
         GgmlDType::Q4_1 => Format::Q4_1,
         GgmlDType::Q5_0 => Format::Q5_0,
+        GgmlDType::Q8_0 => Format::Q8_0,
+        GgmlDType::Q4K => Format::K(KFormat::Q4K),
+        GgmlDType::Q5K => Format::K(KFormat::Q5K),
+        GgmlDType::Q6K => Format::K(KFormat::Q6K),
         _ => return Ok(None),
     };
     if !device.is_cpu() {
         return Ok(None);
     }
-    let (n, k) = weight.shape().dims2()?;
-    Ok(BlockMatrix::new(format, n, k, weight.data()?.into_owned()))
+    Ok(BlockMatrix::new(format, weight.clone())?)
 }
 
 /// Quantized types whose CPU dot products are scalar-only in candle, and that the

@@ -10,6 +10,7 @@ mod blocks;
 ))]
 mod cache_attention;
 mod dense;
+mod kquants;
 mod linear;
 mod llama;
 mod low_rank;

@@ -8,7 +8,7 @@ use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Tensor};
 
 use super::attention::causal_attention;
-use super::linear::{Linear, RowExact, WeightPlan, DENSE_MIN_ROWS};
+use super::linear::{Head, Linear, WeightPlan, DENSE_MIN_ROWS};
 use super::low_rank::LowRank;
 use super::Config;
 use crate::error::{Error, Result};
@@ -38,7 +38,7 @@ pub struct Transformer {
     embed: Arc<QTensor>,
     blocks: Vec<Block>,
     norm: Tensor,
-    lm_head: RowExact,
+    lm_head: Head,
     cos: Tensor,
     sin: Tensor,
     device: Device,
@@ -154,9 +154,9 @@ impl Transformer {
             )));
         }
         let lm_head = if gguf.has_tensor("output.weight") {
-            RowExact::new(Arc::new(gguf.tensor("output.weight", device)?))?
+            Head::new(Arc::new(gguf.tensor("output.weight", device)?), device)?
         } else {
-            RowExact::new(embed.clone())?
+            Head::new(embed.clone(), device)?
         };
         let norm = gguf
             .tensor("output_norm.weight", device)?
