@@ -172,7 +172,7 @@ fn quantize_block(xs: &[f32; QK], qs: &mut [i8; QK]) -> (f32, i32) {
     (d, sum)
 }
 
-fn half_at(bytes: &[u8], at: usize) -> f32 {
+pub(crate) fn half_at(bytes: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }
 
@@ -326,7 +326,7 @@ fn dot_scalar_signed(format: Format, w: &[u8], x: &Q8_1Row) -> f32 {
     target_feature = "avx2",
     target_feature = "fma"
 ))]
-mod avx2 {
+pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
     use super::{half_at, Format, Q8_1Row, QK};
@@ -360,7 +360,7 @@ mod avx2 {
 
     /// The sum of eight lanes, in the order every product here uses.
     #[inline(always)]
-    fn hsum(acc: __m256) -> f32 {
+    pub(crate) fn hsum(acc: __m256) -> f32 {
         // SAFETY: AVX2 is compiled in (this module exists only then).
         unsafe {
             let hi = _mm256_extractf128_ps::<1>(acc);

@@ -7,7 +7,7 @@
 //! in the same order whatever the number of rows, so a row's result never depends on the
 //! rows beside it.
 
-use half::f16;
+use super::blocks::half_at;
 
 /// Values per super-block.
 pub(crate) const QK_K: usize = 256;
@@ -76,10 +76,6 @@ pub(crate) fn quantize_row(x: &[f32]) -> Q8KRow {
         row.d.push(1.0 / iscale);
     }
     row
-}
-
-fn half_at(bytes: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }
 
 /// llama.cpp's `get_scale_min_k4`: sub-block `j`'s 6-bit scale and min.
@@ -230,6 +226,7 @@ pub(crate) fn dots(format: KFormat, w: &[u8], xs: &[&Q8KRow], out: &mut [f32]) {
 mod avx2 {
     use std::arch::x86_64::*;
 
+    use super::super::blocks::avx2::hsum;
     use super::{half_at, scale_min, KFormat, Q8KRow, QK_K};
 
     /// The formats, as const parameters: each gets its own kernel.
@@ -360,19 +357,6 @@ mod avx2 {
                 }
             }
             k
-        }
-    }
-
-    /// The sum of eight lanes, in the order every product here uses.
-    #[inline(always)]
-    fn hsum(acc: __m256) -> f32 {
-        // SAFETY: AVX2 is compiled in.
-        unsafe {
-            let hi = _mm256_extractf128_ps::<1>(acc);
-            let s = _mm_add_ps(_mm256_castps256_ps128(acc), hi);
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-            _mm_cvtss_f32(s)
         }
     }
 
