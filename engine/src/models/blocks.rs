@@ -184,6 +184,28 @@ fn dot(format: Format, w: &[u8], x: &Q8_1Row) -> f32 {
     out[0]
 }
 
+/// Dequantizes whole Q4_1 or Q5_0 blocks into `out` with AVX2, bit for bit the values of
+/// llama.cpp's reference dequantization (candle's `to_float`: q d + m, d (q - 16)), for
+/// prefill's tiles. `false` (nothing written) for other formats or without AVX2.
+pub(crate) fn dequantize(format: Format, bytes: &[u8], out: &mut [f32]) -> bool {
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    if matches!(format, Format::Q4_1 | Format::Q5_0) {
+        let blocks = bytes.chunks_exact(format.block_bytes());
+        assert_eq!(blocks.len() * QK, out.len(), "dequantize: lengths differ");
+        for (block, ys) in blocks.zip(out.chunks_exact_mut(QK)) {
+            // SAFETY: the features are compiled in; `block` is whole, `ys` holds 32.
+            unsafe { avx2::dequantize_block(format, block, ys) };
+        }
+        return true;
+    }
+    let _ = (format, bytes, out);
+    false
+}
+
 /// Rows of activations sharing one pass over a weight row.
 pub(crate) const GROUP: usize = 4;
 
@@ -450,6 +472,45 @@ pub(crate) mod avx2 {
             );
             let high = _mm256_andnot_si256(bits, _mm256_set1_epi8(0xF0u8 as i8));
             _mm256_or_si256(nibbles, high)
+        }
+    }
+
+    /// One Q4_1 or Q5_0 block's 32 weights in f32 (see [`super::dequantize`]).
+    ///
+    /// # Safety
+    /// `block` holds a whole block of `format`, `ys` 32 values.
+    #[inline]
+    pub(super) unsafe fn dequantize_block(format: Format, block: &[u8], ys: &mut [f32]) {
+        // SAFETY: loads inside the block; four stores of eight into the 32 of `ys`.
+        unsafe {
+            let d = _mm256_set1_ps(half_at(block, 0));
+            let (bytes, m) = match format {
+                Format::Q5_0 => (q5_0_bytes(block), None),
+                _ => {
+                    let packed = _mm_loadu_si128(block.as_ptr().add(4) as *const __m128i);
+                    let nibbles = _mm256_and_si256(
+                        _mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed),
+                        _mm256_set1_epi8(0x0F),
+                    );
+                    (nibbles, Some(_mm256_set1_ps(half_at(block, 2))))
+                }
+            };
+            let lo = _mm256_castsi256_si128(bytes);
+            let hi = _mm256_extracti128_si256::<1>(bytes);
+            let eights = [lo, _mm_srli_si128::<8>(lo), hi, _mm_srli_si128::<8>(hi)];
+            for (i, e) in eights.into_iter().enumerate() {
+                // Q5_0's bytes are signed (q - 16), Q4_1's nibbles unsigned.
+                let q = match m {
+                    None => _mm256_cvtepi8_epi32(e),
+                    Some(_) => _mm256_cvtepu8_epi32(e),
+                };
+                let v = _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
+                let v = match m {
+                    Some(m) => _mm256_add_ps(v, m),
+                    None => v,
+                };
+                _mm256_storeu_ps(ys.as_mut_ptr().add(8 * i), v);
+            }
         }
     }
 
@@ -903,6 +964,41 @@ mod tests {
                         "{format:?}: row {r} of {count} differs from the row alone"
                     );
                 }
+            }
+        }
+    }
+
+    /// The vector dequantization gives candle's (llama.cpp's reference) values bit for bit.
+    #[test]
+    fn dequantization_matches_the_reference() {
+        use candle_core::quantized::GgmlDType;
+        use candle_core::{Device, Tensor};
+        let device = Device::Cpu;
+        for (format, dtype) in [
+            (Format::Q4_1, GgmlDType::Q4_1),
+            (Format::Q5_0, GgmlDType::Q5_0),
+        ] {
+            let w = Tensor::from_vec(
+                super::super::linear::probe_values(64 * 96, 21),
+                (64, 96),
+                &device,
+            )
+            .unwrap();
+            let q = QTensor::quantize(&w, dtype).unwrap();
+            let want: Vec<u32> = q
+                .dequantize(&device)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .into_iter()
+                .map(f32::to_bits)
+                .collect();
+            let mut got = vec![0f32; 64 * 96];
+            if dequantize(format, &q.data().unwrap(), &mut got) {
+                let got: Vec<u32> = got.into_iter().map(f32::to_bits).collect();
+                assert_eq!(got, want, "{format:?}");
             }
         }
     }

@@ -72,6 +72,14 @@ impl Tiles {
             // `repr(C)` data, valid for any bytes.
             unsafe { std::slice::from_raw_parts(part.as_ptr().cast::<T>(), part.len() / size) }
         }
+        let own = match self.weight.dtype() {
+            GgmlDType::Q4_1 => Some(Format::Q4_1),
+            GgmlDType::Q5_0 => Some(Format::Q5_0),
+            _ => None,
+        };
+        if own.is_some_and(|format| super::blocks::dequantize(format, part, &mut out)) {
+            return Ok(out);
+        }
         match self.weight.dtype() {
             GgmlDType::F32 => f32::to_float(blocks(part), &mut out),
             GgmlDType::F16 => half::f16::to_float(blocks(part), &mut out),
