@@ -24,11 +24,7 @@ pub(crate) fn causal_attention(
     v: &Tensor,
     offset: usize,
 ) -> Result<Tensor> {
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
+    #[cfg(x86_avx2)]
     if q.device().is_cpu() {
         let (b, n_head, t, d) = q.dims4()?;
         let op = super::cache_attention::CacheAttention {
@@ -220,11 +216,7 @@ fn exp(x: f32) -> f32 {
 
 /// Applies [`exp`] to `(v - max) * scale` in place.
 fn exp_shifted_in_place(x: &mut [f32], max: f32, scale: f32) {
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
+    #[cfg(x86_avx2)]
     let x = {
         let mut chunks = x.chunks_exact_mut(LANES);
         for chunk in &mut chunks {
@@ -239,11 +231,7 @@ fn exp_shifted_in_place(x: &mut [f32], max: f32, scale: f32) {
 }
 
 /// [`exp`] on eight lanes with AVX2/FMA intrinsics, the same steps and constants.
-#[cfg(all(
-    target_arch = "x86_64",
-    target_feature = "avx2",
-    target_feature = "fma"
-))]
+#[cfg(x86_avx2)]
 mod avx2 {
     use std::arch::x86_64::*;
 
@@ -280,11 +268,7 @@ mod tests {
     /// caches that are views of longer buffers: one to fifteen rows per head (decoding,
     /// verification) and prefill blocks, keys across the GEMM's depth blocks, partial key
     /// tiles, grouped heads.
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
+    #[cfg(x86_avx2)]
     #[test]
     fn cache_kernel_equals_the_matmul_path_bit_for_bit() {
         let dev = candle_core::Device::Cpu;

@@ -131,18 +131,10 @@ fn quantize_q8_1(x: &[f32]) -> Q8_1Row {
     for (xs, qs) in x.chunks_exact(QK).zip(row.qs.chunks_exact_mut(QK)) {
         let xs: &[f32; QK] = xs.try_into().expect("a whole block");
         let qs: &mut [i8; QK] = qs.try_into().expect("a whole block");
-        #[cfg(all(
-            target_arch = "x86_64",
-            target_feature = "avx2",
-            target_feature = "fma"
-        ))]
+        #[cfg(x86_avx2)]
         // SAFETY: the features are compiled in.
         let (d, sum) = unsafe { avx2::quantize_block(xs, qs) };
-        #[cfg(not(all(
-            target_arch = "x86_64",
-            target_feature = "avx2",
-            target_feature = "fma"
-        )))]
+        #[cfg(not(x86_avx2))]
         let (d, sum) = quantize_block(xs, qs);
         row.d.push(f16::from_f32(d).to_f32());
         row.s.push(f16::from_f32(d * sum as f32).to_f32());
@@ -152,14 +144,7 @@ fn quantize_q8_1(x: &[f32]) -> Q8_1Row {
 
 /// One block of 32 activations as bytes: the scale d (largest magnitude / 127) and the
 /// sum of the bytes.
-#[cfg_attr(
-    all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ),
-    allow(dead_code)
-)]
+#[cfg_attr(x86_avx2, allow(dead_code))]
 fn quantize_block(xs: &[f32; QK], qs: &mut [i8; QK]) -> (f32, i32) {
     let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
@@ -188,11 +173,7 @@ fn dot(format: Format, w: &[u8], x: &Q8_1Row) -> f32 {
 /// llama.cpp's reference dequantization (candle's `to_float`: q d + m, d (q - 16)), for
 /// prefill's tiles. `false` (nothing written) for other formats or without AVX2.
 pub(crate) fn dequantize(format: Format, bytes: &[u8], out: &mut [f32]) -> bool {
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
+    #[cfg(x86_avx2)]
     if matches!(format, Format::Q4_1 | Format::Q5_0) {
         let blocks = bytes.chunks_exact(format.block_bytes());
         assert_eq!(blocks.len() * QK, out.len(), "dequantize: lengths differ");
@@ -210,14 +191,7 @@ pub(crate) fn dequantize(format: Format, bytes: &[u8], out: &mut [f32]) -> bool 
 pub(crate) const GROUP: usize = 4;
 
 /// `f` over `xs` and `out` in groups of up to [`GROUP`] rows.
-#[cfg_attr(
-    not(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    )),
-    allow(dead_code)
-)]
+#[cfg_attr(not(x86_avx2), allow(dead_code))]
 pub(crate) fn in_groups<X>(xs: &[X], out: &mut [f32], mut f: impl FnMut(&[X], &mut [f32])) {
     for (x, o) in xs.chunks(GROUP).zip(out.chunks_mut(GROUP)) {
         f(x, o);
@@ -228,11 +202,7 @@ pub(crate) fn in_groups<X>(xs: &[X], out: &mut [f32], mut f: impl FnMut(&[X], &m
 /// and unpacked once per group of rows, and each row's sum is computed in exactly the
 /// order of a single product, so a result never depends on the other rows.
 fn dots(format: Format, w: &[u8], xs: &[&Q8_1Row], out: &mut [f32]) {
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
+    #[cfg(x86_avx2)]
     in_groups(xs, out, |x, o| {
         let n = x.len();
         // SAFETY: the features are compiled in; lengths agree by construction.
@@ -250,24 +220,13 @@ fn dots(format: Format, w: &[u8], xs: &[&Q8_1Row], out: &mut [f32]) {
             }
         }
     });
-    #[cfg(not(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    )))]
+    #[cfg(not(x86_avx2))]
     for (o, x) in out.iter_mut().zip(xs) {
         *o = dot_scalar(format, w, x);
     }
 }
 
-#[cfg_attr(
-    all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ),
-    allow(dead_code)
-)]
+#[cfg_attr(x86_avx2, allow(dead_code))]
 fn dot_scalar(format: Format, w: &[u8], x: &Q8_1Row) -> f32 {
     if format != Format::Q4_1 {
         return dot_scalar_signed(format, w, x);
@@ -320,14 +279,7 @@ fn signed_block(format: Format, block: &[u8]) -> (f32, [i8; QK]) {
 }
 
 /// llama.cpp's reference Q4_0, Q5_0 and Q8_0 x Q8_0 products.
-#[cfg_attr(
-    all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ),
-    allow(dead_code)
-)]
+#[cfg_attr(x86_avx2, allow(dead_code))]
 fn dot_scalar_signed(format: Format, w: &[u8], x: &Q8_1Row) -> f32 {
     let mut sum = 0f32;
     for (b, block) in w.chunks_exact(format.block_bytes()).enumerate() {
@@ -343,11 +295,7 @@ fn dot_scalar_signed(format: Format, w: &[u8], x: &Q8_1Row) -> f32 {
     sum
 }
 
-#[cfg(all(
-    target_arch = "x86_64",
-    target_feature = "avx2",
-    target_feature = "fma"
-))]
+#[cfg(x86_avx2)]
 pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 

@@ -160,14 +160,7 @@ fn unpack(format: KFormat, b: &[u8]) -> Unpacked {
 
 /// The reference product of one weight row with one row of activations: per super-block,
 /// d dy Σ sc Σ q y - dmin dy Σ m Σ y.
-#[cfg_attr(
-    all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ),
-    allow(dead_code)
-)]
+#[cfg_attr(x86_avx2, allow(dead_code))]
 pub(crate) fn dot_scalar(format: KFormat, w: &[u8], x: &Q8KRow) -> f32 {
     let mut sum = 0f32;
     for (b, block) in w.chunks_exact(format.block_bytes()).enumerate() {
@@ -192,11 +185,7 @@ pub(crate) fn dot_scalar(format: KFormat, w: &[u8], x: &Q8KRow) -> f32 {
 /// Dot products of one weight row with several rows of activations into `out`, each row
 /// summed exactly as it would be alone.
 pub(crate) fn dots(format: KFormat, w: &[u8], xs: &[&Q8KRow], out: &mut [f32]) {
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
+    #[cfg(x86_avx2)]
     super::blocks::in_groups(xs, out, |x, o| {
         // SAFETY: the features are compiled in; `w` holds whole blocks and every row of
         // `x` as many super-blocks (checked by the caller's shapes).
@@ -208,21 +197,13 @@ pub(crate) fn dots(format: KFormat, w: &[u8], xs: &[&Q8KRow], out: &mut [f32]) {
             }
         }
     });
-    #[cfg(not(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    )))]
+    #[cfg(not(x86_avx2))]
     for (o, x) in out.iter_mut().zip(xs) {
         *o = dot_scalar(format, w, x);
     }
 }
 
-#[cfg(all(
-    target_arch = "x86_64",
-    target_feature = "avx2",
-    target_feature = "fma"
-))]
+#[cfg(x86_avx2)]
 mod avx2 {
     use std::arch::x86_64::*;
 

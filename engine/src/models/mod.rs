@@ -3,11 +3,7 @@
 
 mod attention;
 mod blocks;
-#[cfg(all(
-    target_arch = "x86_64",
-    target_feature = "avx2",
-    target_feature = "fma"
-))]
+#[cfg(x86_avx2)]
 mod cache_attention;
 mod dense;
 mod kquants;
