@@ -1323,7 +1323,8 @@ pub struct BenchEngineArgs {
     /// `bw{N}`, memory rewrites of N different streams (128-token memories, up to 256 new
     /// tokens, each stopping where it ends), decoded one after another and then as one
     /// batch. Reports decode tok/s of all sequences and the ratio, and checks that the
-    /// tokens agree. 0 or 1: none
+    /// tokens agree. 0 or 1: none. On a GPU, where batched rows are not exact and
+    /// sequences decode one at a time, tg{decode}x{N} is skipped
     #[arg(long, value_name = "N", default_value_t = 4)]
     pub batch: usize,
 

@@ -48,7 +48,17 @@ pub fn engine(global: &Settings, args: &BenchEngineArgs) -> Result<()> {
         let (r, alone) = bench_decode(&model, unit[0], args.decode, args.repeats)?;
         report_progress(&r);
         results.push(r);
-        if args.batch > 1 {
+        if args.batch > 1 && !model.exact_rows() {
+            // A GPU's products differ in their last bits with the row count, so the
+            // daemon decodes one sequence at a time there: a batch would measure a
+            // decoding the product never uses.
+            tracing::warn!(
+                "tg{}x{}: skipped: batched rows are exact only on the CPU's kernels; on \
+                 this device sequences decode one at a time",
+                args.decode,
+                args.batch
+            );
+        } else if args.batch > 1 {
             // Sequence 0 starts as the one-sequence case did; the others from the
             // filler's next tokens.
             let starts: Vec<u32> = unit.iter().copied().cycle().take(args.batch).collect();
