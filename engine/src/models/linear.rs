@@ -170,8 +170,10 @@ impl Head {
 }
 
 pub(crate) struct Linear {
-    quantized: Quantized,
-    prefill: Option<Prefill>,
+    /// The weights in runs of one type, each run's matrices stacked along the output
+    /// dimension: one product per run, outputs side by side. (A file may store q and k in
+    /// one type and v in a finer one; stacking them as one type would re-quantize v.)
+    parts: Vec<Part>,
     bias: Option<Tensor>,
     /// An adapter's update, added when a call asks for it (on the CPU).
     low_rank: Option<LowRank>,
@@ -180,13 +182,14 @@ pub(crate) struct Linear {
     merged: Option<QMatMul>,
 }
 
-impl Linear {
-    pub(crate) fn new(
-        weight: QTensor,
-        bias: Option<Tensor>,
-        plan: WeightPlan,
-        device: &Device,
-    ) -> Result<Self> {
+/// Matrices of one type computed as one product.
+struct Part {
+    quantized: Quantized,
+    prefill: Option<Prefill>,
+}
+
+impl Part {
+    fn new(weight: QTensor, plan: WeightPlan, device: &Device) -> Result<Self> {
         let weight = Arc::new(weight);
         let dense = plan.dense_prefill && device.is_cpu();
         let copy = match dense && plan.copy {
@@ -203,15 +206,31 @@ impl Linear {
             (true, None) => Some(Prefill::Tiles(Tiles::new(weight.clone())?)),
         };
         let quantized = Quantized::new(weight, device)?;
-        Ok(Self {
-            quantized,
-            prefill,
-            bias,
-            low_rank: None,
-            merged: None,
-        })
+        Ok(Self { quantized, prefill })
     }
 
+    /// `x`: (..., k) -> (..., n).
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dims = x.dims().to_vec();
+        let k = *dims.last().unwrap_or(&0);
+        let rows = x.elem_count() / k.max(1);
+        Ok(match &self.prefill {
+            Some(prefill) if rows >= DENSE_MIN_ROWS => {
+                let x = x.reshape((rows, k))?;
+                let y = match prefill {
+                    Prefill::Copy(w) => super::dense::matmul_t(&x, w)?,
+                    Prefill::Tiles(t) => x.contiguous()?.apply_op1_no_bwd(t)?,
+                };
+                let mut out = dims;
+                *out.last_mut().expect("rank >= 1") = y.dim(1)?;
+                y.reshape(out)?
+            }
+            _ => self.quantized.forward(x)?,
+        })
+    }
+}
+
+impl Linear {
     /// The layer with an adapter's update beside its weights.
     pub(crate) fn with_low_rank(mut self, low_rank: Option<LowRank>) -> Self {
         self.low_rank = low_rank;
@@ -232,24 +251,49 @@ impl Linear {
         device: &Device,
     ) -> Result<Self> {
         Ok(Self {
-            quantized: Quantized::Candle(RowExact::whole(QMatMul::Tensor(w.to_device(device)?))),
-            prefill: None,
+            parts: vec![Part {
+                quantized: Quantized::Candle(RowExact::whole(QMatMul::Tensor(
+                    w.to_device(device)?,
+                ))),
+                prefill: None,
+            }],
             bias,
             low_rank: None,
             merged: Some(QMatMul::Tensor(merged.to_device(device)?)),
         })
     }
 
-    /// One layer computing several projections of the same input: the weights are stacked
-    /// along the output dimension, so one matmul (and one pass over the input) serves all.
+    /// One layer computing several projections of the same input: the weights of each run
+    /// of one type are stacked along the output dimension, so one matmul (and one pass
+    /// over the input) serves the run, and the file's own types are kept.
     pub(crate) fn fused(
         parts: Vec<(QTensor, Option<Tensor>)>,
         plan: WeightPlan,
         device: &Device,
     ) -> Result<Self> {
         let bias = fused_bias(&parts, device)?;
-        let weights: Vec<QTensor> = parts.into_iter().map(|(w, _)| w).collect();
-        Self::new(stack_rows(weights, device)?, bias, plan, device)
+        let mut runs: Vec<Vec<QTensor>> = Vec::new();
+        for (w, _) in parts {
+            match runs.last_mut() {
+                Some(run)
+                    if run[0].dtype() == w.dtype()
+                        && run[0].shape().dims().get(1) == w.shape().dims().get(1) =>
+                {
+                    run.push(w)
+                }
+                _ => runs.push(vec![w]),
+            }
+        }
+        let parts = runs
+            .into_iter()
+            .map(|run| Part::new(stack_rows(run, device)?, plan, device))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            parts,
+            bias,
+            low_rank: None,
+            merged: None,
+        })
     }
 
     /// `x`: (..., k) -> (..., n), with the adapter's update when `adapted` and the layer
@@ -262,21 +306,15 @@ impl Linear {
                 None => y,
             });
         }
-        let dims = x.dims().to_vec();
-        let k = *dims.last().unwrap_or(&0);
-        let rows = x.elem_count() / k.max(1);
-        let y = match &self.prefill {
-            Some(prefill) if rows >= DENSE_MIN_ROWS => {
-                let x = x.reshape((rows, k))?;
-                let y = match prefill {
-                    Prefill::Copy(w) => super::dense::matmul_t(&x, w)?,
-                    Prefill::Tiles(t) => x.contiguous()?.apply_op1_no_bwd(t)?,
-                };
-                let mut out = dims;
-                *out.last_mut().expect("rank >= 1") = y.dim(1)?;
-                y.reshape(out)?
+        let y = match self.parts.as_slice() {
+            [one] => one.forward(x)?,
+            parts => {
+                let ys = parts
+                    .iter()
+                    .map(|p| p.forward(x))
+                    .collect::<Result<Vec<_>>>()?;
+                Tensor::cat(&ys, candle_core::D::Minus1)?
             }
-            _ => self.quantized.forward(x)?,
         };
         let y = match (&self.low_rank, adapted) {
             (Some(low_rank), true) => (y + low_rank.forward(x)?)?,
@@ -465,7 +503,7 @@ fn stack_rows(mut weights: Vec<QTensor>, device: &Device) -> Result<QTensor> {
         let storage = QStorage::from_data(std::borrow::Cow::Owned(data), device, dtype)?;
         return Ok(QTensor::new(storage, (n, k))?);
     }
-    // Mixed types (or a GPU): through f32, then back to the first part's type.
+    // On a GPU: through f32, then back to the type.
     let dense = weights
         .iter()
         .map(|w| Ok(w.dequantize(device)?))
@@ -546,6 +584,47 @@ mod tests {
         }
     }
 
+    /// Projections stored in different types (q and k in Q5_0, v in Q8_0) keep their own
+    /// types when fused: each output column is the one its matrix gives alone, for one
+    /// decoded row and for a prefill block, and runs of one type are stacked (q with k).
+    #[test]
+    fn fused_projections_keep_each_files_type() {
+        use GgmlDType::*;
+        let device = Device::Cpu;
+        let k = 256;
+        let make = |n: usize, seed: u64, dtype| {
+            let w = Tensor::from_vec(probe_values(n * k, seed), (n, k), &device).unwrap();
+            QTensor::quantize(&w, dtype).unwrap()
+        };
+        let parts = [(64, 5, Q5_0), (32, 6, Q5_0), (32, 7, Q8_0)];
+        for rows in [1, 40] {
+            let x = Tensor::from_vec(probe_values(rows * k, 8), (rows, k), &device).unwrap();
+            let plan = WeightPlan {
+                dense_prefill: true,
+                copy: false,
+            };
+            let fused = Linear::fused(
+                parts
+                    .iter()
+                    .map(|&(n, seed, t)| (make(n, seed, t), None))
+                    .collect(),
+                plan,
+                &device,
+            )
+            .unwrap();
+            assert_eq!(fused.parts.len(), 2, "q and k stacked, v apart");
+            let got = fused.forward(&x, false).unwrap();
+            let mut at = 0;
+            for &(n, seed, t) in &parts {
+                let alone = Linear::fused(vec![(make(n, seed, t), None)], plan, &device).unwrap();
+                let want = bits(alone.forward(&x, false).unwrap()).unwrap();
+                let part = bits(got.narrow(1, at, n).unwrap().contiguous().unwrap()).unwrap();
+                assert_eq!(part, want, "{t:?} part at column {at}, {rows} rows");
+                at += n;
+            }
+        }
+    }
+
     /// Prefill from blocks of rows dequantized inside the GEMM gives the bits of the GEMM
     /// on the whole f32 matrix, the copy's, for every type and at shapes whose feature
     /// count leaves a partial last block.
@@ -566,10 +645,10 @@ mod tests {
                         dense_prefill: true,
                         copy,
                     };
-                    Linear::new(q, None, plan, &device).unwrap()
+                    Linear::fused(vec![(q, None)], plan, &device).unwrap()
                 };
                 let tiled = layer(false);
-                let Some(Prefill::Tiles(tiles)) = &tiled.prefill else {
+                let Some(Prefill::Tiles(tiles)) = &tiled.parts[0].prefill else {
                     panic!("{dtype:?}: no tiles")
                 };
                 let whole = tiles.weight.dequantize(&device).unwrap();
