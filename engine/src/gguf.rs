@@ -189,6 +189,24 @@ impl GgufFile {
         }
     }
 
+    pub fn opt_f32_array(&self, key: &str) -> Result<Option<Vec<f32>>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| match v {
+                    Value::F32(x) => Ok(*x),
+                    Value::F64(x) => Ok(*x as f32),
+                    other => Err(self
+                        .key_error(key, format!("item {i} should be a number, found {other:?}"))),
+                })
+                .collect::<Result<Vec<_>>>()
+                .map(Some),
+            Some(other) => Err(self.key_error(key, format!("should be an array, found {other:?}"))),
+        }
+    }
+
     pub fn opt_int_array(&self, key: &str) -> Result<Option<Vec<i64>>> {
         match self.get(key) {
             None => Ok(None),

@@ -4,9 +4,15 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::normalizers::prepend::Prepend;
+use tokenizers::normalizers::replace::Replace;
 use tokenizers::normalizers::unicode::NFC;
+use tokenizers::normalizers::{NormalizerWrapper, Sequence as NormalizerSequence};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
@@ -24,6 +30,7 @@ const REGEX_LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|
 const TOKEN_TYPE_UNKNOWN: i64 = 2;
 const TOKEN_TYPE_CONTROL: i64 = 3;
 const TOKEN_TYPE_USER_DEFINED: i64 = 4;
+const TOKEN_TYPE_BYTE: i64 = 6;
 
 /// Texts that end a turn in the chat formats we know; any that the vocabulary holds stop
 /// generation, beside the file's own eos/eot ids.
@@ -50,29 +57,15 @@ impl Tokenizer {
     /// Builds the tokenizer described by a GGUF file's metadata.
     pub fn from_gguf(gguf: &GgufFile) -> Result<Self> {
         let kind = gguf.string("tokenizer.ggml.model")?;
-        if kind != "gpt2" {
+        if kind != "gpt2" && kind != "llama" {
             return Err(Error::Tokenizer(format!(
-                "{}: tokenizer model `{kind}` is not supported (only byte-level BPE, `gpt2`); \
-                 pass a tokenizer.json with --tokenizer",
+                "{}: tokenizer model `{kind}` is not supported (byte-level BPE, `gpt2`, and \
+                 SentencePiece, `llama`, are); pass a tokenizer.json with --tokenizer",
                 gguf.path().display()
             )));
         }
+        let spm = kind == "llama";
         let tokens = gguf.string_array("tokenizer.ggml.tokens")?;
-        let merges = gguf
-            .string_array("tokenizer.ggml.merges")?
-            .into_iter()
-            .enumerate()
-            .map(|(i, m)| {
-                m.split_once(' ')
-                    .map(|(a, b)| (a.to_string(), b.to_string()))
-                    .ok_or_else(|| {
-                        Error::Tokenizer(format!(
-                            "{}: tokenizer.ggml.merges item {i} `{m}` is not two tokens separated by a space",
-                            gguf.path().display()
-                        ))
-                    })
-            })
-            .collect::<Result<Vec<_>>>()?;
         let types = gguf.opt_int_array("tokenizer.ggml.token_type")?;
         if let Some(types) = &types {
             if types.len() != tokens.len() {
@@ -85,26 +78,45 @@ impl Tokenizer {
             }
         }
         let pre = gguf.opt_string("tokenizer.ggml.pre")?.unwrap_or("default");
-
         let vocab: Vocab = tokens
             .iter()
             .enumerate()
             .map(|(i, t)| (t.to_string(), i as u32))
             .collect();
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            // Llama 3: a word found whole in the vocabulary is one token, merges or not.
-            .ignore_merges(pre == "llama-bpe" || pre == "llama3")
-            .build()
-            .map_err(|e| Error::Tokenizer(format!("building BPE: {e}")))?;
-        let mut inner = tokenizers::Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
-        if pre == "qwen2" {
+        let mut inner = if spm {
+            sentencepiece(gguf, &tokens, types.as_deref(), vocab)?
+        } else {
+            let merges = gguf
+                .string_array("tokenizer.ggml.merges")?
+                .into_iter()
+                .enumerate()
+                .map(|(i, m)| {
+                    m.split_once(' ')
+                        .map(|(a, b)| (a.to_string(), b.to_string()))
+                        .ok_or_else(|| {
+                            Error::Tokenizer(format!(
+                                "{}: tokenizer.ggml.merges item {i} `{m}` is not two tokens separated by a space",
+                                gguf.path().display()
+                            ))
+                        })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let bpe = BPE::builder()
+                .vocab_and_merges(vocab, merges)
+                // Llama 3: a word found whole in the vocabulary is one token, merges or not.
+                .ignore_merges(pre == "llama-bpe" || pre == "llama3")
+                .build()
+                .map_err(|e| Error::Tokenizer(format!("building BPE: {e}")))?;
+            let mut inner = tokenizers::Tokenizer::new(bpe);
+            inner.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
+            if pre == "qwen2" {
+                inner
+                    .with_normalizer(Some(NFC))
+                    .map_err(|e| Error::Tokenizer(e.to_string()))?;
+            }
+            inner.with_decoder(Some(ByteLevelDecoder::default()));
             inner
-                .with_normalizer(Some(NFC))
-                .map_err(|e| Error::Tokenizer(e.to_string()))?;
-        }
-        inner.with_decoder(Some(ByteLevelDecoder::default()));
+        };
 
         // Control tokens (chat markers, eos) are special: matched whole in text, left out of
         // decoded text. User-defined tokens are matched whole but decode as text.
@@ -248,6 +260,101 @@ impl Tokenizer {
     pub fn stop_ids(&self) -> &BTreeSet<u32> {
         &self.stop_ids
     }
+}
+
+/// SentencePiece's whitespace mark, which stands for a space inside tokens.
+const SPACE_MARK: &str = "\u{2581}";
+
+/// A SentencePiece (`llama`) vocabulary as llama.cpp tokenizes it: spaces become
+/// [`SPACE_MARK`] (a leading one only where `tokenizer.ggml.add_space_prefix` asks), then
+/// adjacent pieces merge, always the pair whose joined text is the vocabulary entry of
+/// highest score first, and characters the vocabulary lacks fall back to byte tokens
+/// (`<0x41>`). That is byte-pair encoding with one merge per way of splitting each entry in
+/// two entries, ranked by the joined entry's score, which is how Hugging Face stores the
+/// same vocabularies; the GGUF file keeps only the scores.
+fn sentencepiece(
+    gguf: &GgufFile,
+    tokens: &[&str],
+    types: Option<&[i64]>,
+    vocab: Vocab,
+) -> Result<tokenizers::Tokenizer> {
+    let scores = gguf
+        .opt_f32_array("tokenizer.ggml.scores")?
+        .ok_or_else(|| {
+            Error::Tokenizer(format!(
+                "{}: a SentencePiece vocabulary needs tokenizer.ggml.scores",
+                gguf.path().display()
+            ))
+        })?;
+    if scores.len() != tokens.len() {
+        return Err(Error::Tokenizer(format!(
+            "{}: tokenizer.ggml.scores has {} items but tokenizer.ggml.tokens has {}",
+            gguf.path().display(),
+            scores.len(),
+            tokens.len()
+        )));
+    }
+    let byte_token = |id: usize| types.is_some_and(|t| t[id] == TOKEN_TYPE_BYTE);
+    let mut merges: Vec<(f32, u32, u32, u32)> = Vec::new();
+    for (id, piece) in tokens.iter().enumerate() {
+        if byte_token(id) {
+            continue;
+        }
+        for (at, _) in piece.char_indices().skip(1) {
+            let (left, right) = piece.split_at(at);
+            if let (Some(&l), Some(&r)) = (vocab.get(left), vocab.get(right)) {
+                if !byte_token(l as usize) && !byte_token(r as usize) {
+                    merges.push((scores[id], id as u32, l, r));
+                }
+            }
+        }
+    }
+    // Highest joined score first; ties in vocabulary order.
+    merges.sort_by(|a, b| {
+        b.0.total_cmp(&a.0)
+            .then((a.1, a.2, a.3).cmp(&(b.1, b.2, b.3)))
+    });
+    let merges = merges
+        .into_iter()
+        .map(|(_, _, l, r)| {
+            (
+                tokens[l as usize].to_string(),
+                tokens[r as usize].to_string(),
+            )
+        })
+        .collect();
+    let mut builder = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .byte_fallback(true);
+    if let Some(unk) = gguf.opt_usize("tokenizer.ggml.unknown_token_id")? {
+        if let Some(text) = tokens.get(unk) {
+            builder = builder.unk_token(text.to_string());
+        }
+    }
+    let bpe = builder
+        .build()
+        .map_err(|e| Error::Tokenizer(format!("building the SentencePiece merges: {e}")))?;
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    let mut normalizers: Vec<NormalizerWrapper> = Vec::new();
+    if gguf
+        .opt_bool("tokenizer.ggml.add_space_prefix")?
+        .unwrap_or(true)
+    {
+        normalizers.push(Prepend::new(SPACE_MARK.to_string()).into());
+    }
+    let replace = |from: &str, to: &str| {
+        Replace::new(from, to).map_err(|e| Error::Tokenizer(format!("SentencePiece spaces: {e}")))
+    };
+    normalizers.push(replace(" ", SPACE_MARK)?.into());
+    inner
+        .with_normalizer(Some(NormalizerSequence::new(normalizers)))
+        .map_err(|e| Error::Tokenizer(e.to_string()))?;
+    inner.with_decoder(Some(DecoderSequence::new(vec![
+        replace(SPACE_MARK, " ")?.into(),
+        ByteFallback::new().into(),
+        Fuse::new().into(),
+    ])));
+    Ok(inner)
 }
 
 /// The pre-tokenizer llama.cpp applies for a `tokenizer.ggml.pre` value.
