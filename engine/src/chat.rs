@@ -31,6 +31,18 @@ impl Message {
     }
 }
 
+/// Gemma 3's chat format for files that carry no template (the base models): the
+/// instruct models' own template, text only. A system message opens the first user turn.
+pub const GEMMA3_TEMPLATE: &str = include_str!("templates/gemma3.jinja");
+
+/// The chat template of a file without one, where its architecture has a known format.
+pub fn builtin_template(architecture: &str) -> Option<&'static str> {
+    match architecture {
+        "gemma3" => Some(GEMMA3_TEMPLATE),
+        _ => None,
+    }
+}
+
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,

@@ -18,7 +18,7 @@ pub enum Error {
         key: String,
         problem: String,
     },
-    #[error("unsupported model architecture `{0}`; supported: llama, qwen2, qwen3, phi3")]
+    #[error("unsupported model architecture `{0}`; supported: llama, qwen2, qwen3, phi3, gemma3")]
     UnsupportedArchitecture(String),
     #[error("tokenizer: {0}")]
     Tokenizer(String),

@@ -35,7 +35,7 @@ pub use adapter::{
     AdapterManifest, ExportReport,
 };
 pub use candle_core::quantized::GgmlDType;
-pub use chat::{ChatTemplate, Message};
+pub use chat::{builtin_template, ChatTemplate, Message};
 pub use device::open_device;
 pub use error::{Error, Result};
 pub use gguf::{sha256_file, GgufFile};

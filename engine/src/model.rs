@@ -259,12 +259,22 @@ impl LocalModel {
             Some(file) => Tokenizer::from_file(file)?,
             None => Tokenizer::from_gguf(&gguf)?,
         };
-        let source = gguf.opt_string("tokenizer.chat_template")?.ok_or_else(|| {
-            Error::Template(format!(
-                "{} has no tokenizer.chat_template; memagent needs a chat (instruct) model",
+        let architecture = gguf.string("general.architecture")?;
+        let source = match gguf.opt_string("tokenizer.chat_template")? {
+            Some(source) => source,
+            None => crate::chat::builtin_template(architecture).ok_or_else(|| {
+                Error::Template(format!(
+                    "{} has no tokenizer.chat_template; memagent needs a chat (instruct) model",
+                    path.display()
+                ))
+            })?,
+        };
+        if gguf.opt_string("tokenizer.chat_template")?.is_none() {
+            tracing::info!(
+                "{} carries no chat template: using {architecture}'s own",
                 path.display()
-            ))
-        })?;
+            );
+        }
         let template = ChatTemplate::new(source, tokenizer.bos_token(), tokenizer.eos_token())?;
         let name = gguf
             .opt_string("general.name")?

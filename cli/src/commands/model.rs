@@ -130,7 +130,14 @@ pub fn info(global: &Settings, json: bool) -> Result<()> {
     }
     match &info.chat_template {
         Some(t) => writeln!(out, "chat template:\n{t}")?,
-        None => writeln!(out, "chat template:  (none)")?,
+        None => match memagent_engine::builtin_template(&info.architecture) {
+            Some(_) => writeln!(
+                out,
+                "chat template:  (none in the file; {}'s own chat format is used)",
+                info.architecture
+            )?,
+            None => writeln!(out, "chat template:  (none)")?,
+        },
     }
     Ok(())
 }

@@ -17,13 +17,20 @@ const MIN_BLOCK: usize = 16;
 
 /// `q`: (b, n_head, t, d) for positions `offset..offset + t`;
 /// `k`, `v`: (b, n_kv_head, offset + t, d), the cache including the new positions.
-/// Returns (b, n_head, t, d).
+/// With a `window`, a query sees only the keys of the latest `window` positions, its own
+/// included (sliding-window layers). Returns (b, n_head, t, d).
 pub(crate) fn causal_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     offset: usize,
+    window: Option<usize>,
 ) -> Result<Tensor> {
+    let t = q.dim(2)?;
+    // A window that reaches back past position 0 for every query hides nothing.
+    if let Some(window) = window.filter(|&w| offset + t > w) {
+        return blocked_attention(q, k, v, offset, window);
+    }
     #[cfg(x86_avx2)]
     if q.device().is_cpu() {
         let (b, n_head, t, d) = q.dims4()?;
@@ -36,7 +43,7 @@ pub(crate) fn causal_attention(
             return Ok(q.contiguous()?.apply_op3_no_bwd(k, v, &op)?);
         }
     }
-    blocked_attention(q, k, v, offset)
+    blocked_attention(q, k, v, offset, usize::MAX)
 }
 
 /// Queries per block for `t` queries of `n_head` heads after `offset` positions.
@@ -46,8 +53,15 @@ fn query_block(b: usize, n_head: usize, t: usize, offset: usize) -> usize {
         .min(t)
 }
 
-/// [`causal_attention`] through matmuls over blocks of queries.
-fn blocked_attention(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Result<Tensor> {
+/// [`causal_attention`] through matmuls over blocks of queries, each over the keys its
+/// queries may see (those of the latest `window` positions; `usize::MAX`: all).
+fn blocked_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    offset: usize,
+    window: usize,
+) -> Result<Tensor> {
     let (b, n_head, t, d) = q.dims4()?;
     let n_kv = k.dim(1)?;
     let group = n_head / n_kv;
@@ -59,7 +73,9 @@ fn blocked_attention(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Resul
     let mut start = 0;
     while start < t {
         let len = block.min(t - start);
-        let keys = offset + start + len;
+        let first = offset + start;
+        let from = (first + 1).saturating_sub(window);
+        let keys = first + len - from;
         let qb = if len == t {
             q.reshape((b, n_kv, group * len, d))?
         } else {
@@ -67,13 +83,14 @@ fn blocked_attention(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Resul
                 .contiguous()?
                 .reshape((b, n_kv, group * len, d))?
         };
-        let kb = k.narrow(2, 0, keys)?;
-        let vb = v.narrow(2, 0, keys)?;
+        let kb = k.narrow(2, from, keys)?;
+        let vb = v.narrow(2, from, keys)?;
         let scores = qb.matmul(&kb.t()?)?;
         let softmax = CausalSoftmax {
             scale,
-            first: offset + start,
+            first: first - from,
             len,
+            window,
         };
         let probs = if scores.device().is_cpu() {
             scores.inplace_op1(&softmax)?;
@@ -94,17 +111,20 @@ fn blocked_attention(q: &Tensor, k: &Tensor, v: &Tensor, offset: usize) -> Resul
 }
 
 /// Softmax over the last dimension of scores laid out as rows of `len` queries (repeated
-/// for every head), where query `i` sits at position `first + i` and sees keys
-/// `0..=first + i`; scores are multiplied by `scale` first.
+/// for every head), where query `i` sits at key index `first + i` and sees keys
+/// `first + i + 1 - window..=first + i` (from 0); scores are multiplied by `scale` first.
 struct CausalSoftmax {
     scale: f32,
     first: usize,
     len: usize,
+    window: usize,
 }
 
 impl CausalSoftmax {
-    fn visible(&self, row: usize, keys: usize) -> usize {
-        (self.first + row % self.len + 1).min(keys)
+    /// The keys row `row` sees.
+    fn visible(&self, row: usize, keys: usize) -> std::ops::Range<usize> {
+        let end = (self.first + row % self.len + 1).min(keys);
+        end.saturating_sub(self.window)..end
     }
 
     /// The same computation as separate tensor ops, for GPU devices.
@@ -116,7 +136,10 @@ impl CausalSoftmax {
         let (len, keys) = (shape.3, shape.4);
         let mut mask = vec![0f32; len * keys];
         for i in 0..len {
-            mask[i * keys + self.visible(i, keys)..(i + 1) * keys].fill(f32::NEG_INFINITY);
+            let seen = self.visible(i, keys);
+            let row = &mut mask[i * keys..(i + 1) * keys];
+            row[..seen.start].fill(f32::NEG_INFINITY);
+            row[seen.end..].fill(f32::NEG_INFINITY);
         }
         let mask = Tensor::from_vec(mask, (len, keys), scores.device())?;
         let scores = (scores * f64::from(self.scale))?
@@ -135,9 +158,10 @@ impl CausalSoftmax {
                 let row = unsafe {
                     std::slice::from_raw_parts_mut((ptr as *mut f32).add(r * keys), keys)
                 };
-                let (seen, hidden) = row.split_at_mut(self.visible(r, keys));
-                softmax_in_place(seen, self.scale);
-                hidden.fill(0.0);
+                let seen = self.visible(r, keys);
+                row[..seen.start].fill(0.0);
+                row[seen.end..].fill(0.0);
+                softmax_in_place(&mut row[seen], self.scale);
             }
         });
     }
@@ -314,8 +338,8 @@ mod tests {
                 let (kt, vt) = (room(&k), room(&v));
                 let qt = Tensor::from_slice(&q, (1, n_head, t, d), &dev).unwrap();
                 let flat = |x: Tensor| -> Vec<f32> { x.flatten_all().unwrap().to_vec1().unwrap() };
-                let got = flat(causal_attention(&qt, &kt, &vt, offset).unwrap());
-                let want = flat(blocked_attention(&qt, &kt, &vt, offset).unwrap());
+                let got = flat(causal_attention(&qt, &kt, &vt, offset, None).unwrap());
+                let want = flat(blocked_attention(&qt, &kt, &vt, offset, usize::MAX).unwrap());
                 let op = crate::models::cache_attention::CacheAttention {
                     offset,
                     scale: 1.0,
@@ -333,6 +357,82 @@ mod tests {
         }
         // Most shapes above take the kernel (the others check the fallback's routing).
         assert!(taken >= 30, "{taken} shapes took the cache kernel");
+    }
+
+    /// Sliding-window attention equals attention over each query's window alone,
+    /// computed in f64: decoding, verification and prefill blocks, the window binding
+    /// from the first query or only from a later one, grouped heads.
+    #[test]
+    fn a_window_hides_exactly_the_older_keys() {
+        let dev = candle_core::Device::Cpu;
+        let mut seed = 7u32;
+        let mut next = move || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
+        };
+        let (n_head, n_kv, d) = (4, 2, 16);
+        for (offset, t, window) in [
+            (40, 1, 8),
+            (40, 5, 8),
+            (0, 300, 37),
+            (20, 30, 32),
+            (5, 3, 8),
+            (600, 200, 64),
+        ] {
+            let keys = offset + t;
+            let mut fill = |n: usize| -> Vec<f32> { (0..n).map(|_| next() * 2.0).collect() };
+            let (q, k, v) = (
+                fill(n_head * t * d),
+                fill(n_kv * keys * d),
+                fill(n_kv * keys * d),
+            );
+            let tensor = |x: &[f32], rows: usize, heads: usize| {
+                Tensor::from_slice(x, (1, heads, rows, d), &dev).unwrap()
+            };
+            let got: Vec<f32> = causal_attention(
+                &tensor(&q, t, n_head),
+                &tensor(&k, keys, n_kv),
+                &tensor(&v, keys, n_kv),
+                offset,
+                Some(window),
+            )
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+            for h in 0..n_head {
+                let kv = h / (n_head / n_kv);
+                for i in 0..t {
+                    let p = offset + i;
+                    let seen = (p + 1).saturating_sub(window)..p + 1;
+                    let qi = &q[(h * t + i) * d..][..d];
+                    let scores: Vec<f64> = seen
+                        .clone()
+                        .map(|j| {
+                            let kj = &k[(kv * keys + j) * d..][..d];
+                            qi.iter().zip(kj).map(|(a, b)| (a * b) as f64).sum::<f64>()
+                                / (d as f64).sqrt()
+                        })
+                        .collect();
+                    let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+                    let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                    let sum: f64 = e.iter().sum();
+                    for c in 0..d {
+                        let want: f64 = seen
+                            .clone()
+                            .zip(&e)
+                            .map(|(j, w)| w / sum * v[(kv * keys + j) * d + c] as f64)
+                            .sum();
+                        let g = got[(h * t + i) * d + c] as f64;
+                        assert!(
+                            (g - want).abs() < 1e-4,
+                            "offset {offset}, t {t}, window {window}, head {h}, query {i}: {g} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod blocks;
 #[cfg(x86_avx2)]
 mod cache_attention;
 mod dense;
+mod gemma3;
 mod kquants;
 mod linear;
 mod llama;
@@ -36,6 +37,9 @@ pub enum Architecture {
     Qwen3,
     /// Phi-3 and Phi-3.5: fused q/k/v and gate/up projections.
     Phi3,
+    /// Gemma 3: sliding-window and global layers, norms after attention and the
+    /// feed-forward too, a GELU-gated feed-forward, scaled embeddings.
+    Gemma3,
 }
 
 impl Architecture {
@@ -45,6 +49,7 @@ impl Architecture {
             "qwen2" => Ok(Self::Qwen2),
             "qwen3" => Ok(Self::Qwen3),
             "phi3" => Ok(Self::Phi3),
+            "gemma3" => Ok(Self::Gemma3),
             other => Err(Error::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -55,6 +60,7 @@ impl Architecture {
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
             Self::Phi3 => "phi3",
+            Self::Gemma3 => "gemma3",
         }
     }
 }
@@ -81,6 +87,49 @@ pub struct Config {
     /// Each head of the queries and keys is RMS-normalised (its own weights,
     /// `attn_q_norm`/`attn_k_norm`) before the rotary positions (Qwen3).
     pub qk_norm: bool,
+    /// Positions are multiplied by this in the rotary angles of global layers (1 / the
+    /// linear `rope.scaling.factor`).
+    pub rope_freq_scale: f32,
+    /// Token embeddings are multiplied by this on the way in (Gemma: sqrt(n_embd)).
+    pub embed_scale: Option<f32>,
+    /// An RMSNorm on the attention output and on the feed-forward output, each before
+    /// its residual add (`post_attention_norm`, `post_ffw_norm`; Gemma).
+    pub post_norms: bool,
+    /// The gated feed-forward's activation.
+    pub activation: Activation,
+    /// Scale of the attention scores when it is not 1/sqrt(head_dim) (Gemma 3 27B).
+    pub attention_scale: Option<f32>,
+    /// Layers that attend only to the latest positions, with their own rotary base.
+    pub sliding_window: Option<SlidingWindow>,
+}
+
+/// The gated feed-forward's activation, applied to the gate before it multiplies up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// SiLU (SwiGLU): llama, qwen, phi.
+    Silu,
+    /// GELU in its tanh form (GeGLU): Gemma.
+    GeluTanh,
+}
+
+/// Sliding-window attention on some layers (Gemma 3: five of every six).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SlidingWindow {
+    /// A query sees the keys of this many positions, its own included.
+    pub window: usize,
+    /// Every `pattern`-th layer (the last of each group) attends globally.
+    pub pattern: usize,
+    /// Rotary base of the windowed layers.
+    pub rope_theta: f32,
+}
+
+impl Config {
+    /// Whether layer `layer` attends within the sliding window, and its size.
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        self.sliding_window
+            .filter(|w| w.pattern == 0 || layer % w.pattern < w.pattern - 1)
+            .map(|w| w.window)
+    }
 }
 
 impl Config {
@@ -90,6 +139,7 @@ impl Config {
             Architecture::Qwen2 => qwen2::config(gguf)?,
             Architecture::Qwen3 => qwen3::config(gguf)?,
             Architecture::Phi3 => phi3::config(gguf)?,
+            Architecture::Gemma3 => gemma3::config(gguf)?,
         };
         config.validate(gguf)?;
         Ok(config)
@@ -129,6 +179,12 @@ impl Config {
             rope_interleaved: false,
             qkv_bias: false,
             qk_norm: false,
+            rope_freq_scale: 1.0,
+            embed_scale: None,
+            post_norms: false,
+            activation: Activation::Silu,
+            attention_scale: None,
+            sliding_window: None,
         })
     }
 

@@ -109,17 +109,68 @@ impl CustomOp2 for RmsNorm {
 /// in the second: `silu(gate) * up`, (..., n).
 pub(crate) fn swiglu(x: &Tensor) -> Result<Tensor> {
     if on_cpu_f32(x) {
-        Ok(x.contiguous()?.apply_op1_no_bwd(&SwiGlu)?)
+        Ok(x.contiguous()?.apply_op1_no_bwd(&Gated {
+            name: "swiglu",
+            // candle's silu, then its product.
+            unit: |g, u| g / (1.0 + (-g).exp()) * u,
+        })?)
     } else {
         Ok(candle_nn::ops::swiglu(x)?)
     }
 }
 
-struct SwiGlu;
+/// `x` (..., 2n), the gate in the first half of the last dimension and the up projection
+/// in the second: `gelu(gate) * up`, (..., n), with GELU in its tanh form.
+///
+/// On the CPU as llama.cpp computes it: the gate rounded to f16 and looked up in a table
+/// of GELU's f16 values (0 below -10, the gate itself above 10).
+pub(crate) fn geglu(x: &Tensor) -> Result<Tensor> {
+    if on_cpu_f32(x) {
+        return Ok(x.contiguous()?.apply_op1_no_bwd(&Gated {
+            name: "geglu",
+            unit: |g, u| {
+                if g <= -10.0 {
+                    0.0
+                } else if g >= 10.0 {
+                    g * u
+                } else {
+                    gelu_table()[half::f16::from_f32(g).to_bits() as usize] * u
+                }
+            },
+        })?);
+    }
+    let n = x.dim(candle_core::D::Minus1)? / 2;
+    let gate = x.narrow(candle_core::D::Minus1, 0, n)?;
+    let up = x.narrow(candle_core::D::Minus1, n, n)?;
+    Ok((gate.gelu()? * up)?)
+}
 
-impl CustomOp1 for SwiGlu {
+/// GELU (tanh form) of every f16 value, rounded to f16, as f32: llama.cpp's table.
+fn gelu_table() -> &'static [f32] {
+    static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        const GELU_COEF_A: f32 = 0.044715;
+        const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+        (0..=u16::MAX)
+            .map(|bits| {
+                let x = half::f16::from_bits(bits).to_f32();
+                let y = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh());
+                half::f16::from_f32(y).to_f32()
+            })
+            .collect()
+    })
+}
+
+/// A gated unit over the fused gate/up projection: `unit(gate, up)` for each pair, one
+/// pass, one allocation.
+struct Gated {
+    name: &'static str,
+    unit: fn(f32, f32) -> f32,
+}
+
+impl CustomOp1 for Gated {
     fn name(&self) -> &'static str {
-        "swiglu"
+        self.name
     }
 
     fn cpu_fwd(
@@ -127,19 +178,18 @@ impl CustomOp1 for SwiGlu {
         storage: &CpuStorage,
         layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let x = contiguous(storage, layout, "swiglu")?;
+        let x = contiguous(storage, layout, self.name)?;
         let mut dims = layout.dims().to_vec();
         let width = dims.last().copied().unwrap_or(0);
         if width == 0 || width % 2 != 0 {
-            candle_core::bail!("swiglu expects an even last dimension, got {dims:?}")
+            candle_core::bail!("{} expects an even last dimension, got {dims:?}", self.name)
         }
         let n = width / 2;
         let mut out = vec![0f32; x.len() / 2];
         for_rows(&mut out, n, |r, dst| {
             let (gate, up) = x[r * width..(r + 1) * width].split_at(n);
-            // candle's silu, then its product.
             for ((d, &g), &u) in dst.iter_mut().zip(gate).zip(up) {
-                *d = g / (1.0 + (-g).exp()) * u;
+                *d = (self.unit)(g, u);
             }
         });
         *dims.last_mut().expect("rank >= 1") = n;
@@ -181,6 +231,49 @@ mod tests {
             assert_eq!(ours.dims(), theirs.dims());
             assert_eq!(bits(&ours), bits(&theirs), "{rows} rows");
         }
+    }
+
+    /// GeGLU against GELU's tanh form computed in f64: within the f16 rounding of the
+    /// gate and of GELU's value, and exact outside [-10, 10].
+    #[test]
+    fn geglu_is_gelu_of_the_gate_times_up() {
+        let n = 64;
+        let mut v = values(11, 3 * 2 * n, 6.0);
+        v[0] = -12.0;
+        v[1] = 11.0;
+        v[2] = 0.0;
+        let x = Tensor::from_vec(v.clone(), (3, 2 * n), &Device::Cpu).unwrap();
+        let got: Vec<f32> = super::geglu(&x)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        for r in 0..3 {
+            for i in 0..n {
+                let (g, u) = (v[r * 2 * n + i] as f64, v[r * 2 * n + n + i] as f64);
+                let gelu = 0.5
+                    * g
+                    * (1.0
+                        + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g))
+                            .tanh());
+                let want = if g <= -10.0 {
+                    0.0
+                } else if g >= 10.0 {
+                    g * u
+                } else {
+                    gelu * u
+                };
+                let d = (got[r * n + i] as f64 - want).abs();
+                assert!(
+                    d <= 2e-3 * (g.abs() + 1.0) * u.abs() + 1e-6,
+                    "gate {g}, up {u}: {} vs {want}",
+                    got[r * n + i]
+                );
+            }
+        }
+        assert_eq!(got[0], 0.0);
+        assert_eq!(got[1], 11.0 * v[n + 1]);
     }
 
     /// Including gates where e^-g under- or overflows, and zero.

@@ -10,7 +10,7 @@ use candle_core::{DType, Device, Tensor};
 use super::attention::causal_attention;
 use super::linear::{Head, Linear, WeightPlan, DENSE_MIN_ROWS};
 use super::low_rank::LowRank;
-use super::Config;
+use super::{Activation, Config};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 
@@ -30,6 +30,9 @@ struct Block {
     /// Per-head RMSNorm weights of the queries and keys (head_dim each), when the
     /// architecture has them.
     qk_norm: Option<(Tensor, Tensor)>,
+    /// RMSNorm weights on the attention output and on the feed-forward output, before
+    /// their residual adds, when the architecture has them (Gemma).
+    post_norms: Option<(Tensor, Tensor)>,
 }
 
 /// A loaded model's weights. Stateless: sequences keep their state in a [`KvCache`].
@@ -41,6 +44,8 @@ pub struct Transformer {
     lm_head: Head,
     cos: Tensor,
     sin: Tensor,
+    /// Rotary tables of the sliding-window layers, when they have their own base.
+    local_rope: Option<(Tensor, Tensor)>,
     device: Device,
     /// Whether an adapter's updates sit beside the weights.
     adapted: bool,
@@ -170,6 +175,13 @@ impl Transformer {
             };
             let attn_norm = dense("attn_norm.weight")?;
             let ffn_norm = dense("ffn_norm.weight")?;
+            let post_norms = match config.post_norms {
+                true => Some((
+                    dense("post_attention_norm.weight")?,
+                    dense("post_ffw_norm.weight")?,
+                )),
+                false => None,
+            };
             let qk_norm = match config.qk_norm {
                 true => Some((dense("attn_q_norm.weight")?, dense("attn_k_norm.weight")?)),
                 false => None,
@@ -273,6 +285,7 @@ impl Transformer {
                 attn_norm,
                 ffn_norm,
                 qk_norm,
+                post_norms,
                 wqkv: layer(qkv, qkv_names)?,
                 wo: layer(wo, &["attn_output"])?,
                 w_gate_up: layer(gate_up, gate_up_names)?,
@@ -281,6 +294,16 @@ impl Transformer {
             blocks.push(block);
         }
         let (cos, sin) = rope_tables(&config, device)?;
+        let local_rope = match config.sliding_window {
+            Some(w) => Some(angle_tables(
+                w.rope_theta,
+                1.0,
+                config.head_dim,
+                config.context_length,
+                device,
+            )?),
+            None => None,
+        };
         Ok(Self {
             config,
             embed,
@@ -289,6 +312,7 @@ impl Transformer {
             lm_head,
             cos,
             sin,
+            local_rope,
             device: device.clone(),
             adapted: adapter.is_some(),
         })
@@ -426,31 +450,23 @@ impl Transformer {
         let ids = Tensor::from_vec(all, (1, total), &self.device)?;
         let tables = inputs
             .iter()
-            .map(|(ids, cache)| {
-                Ok((
-                    self.cos.narrow(0, cache.len, ids.len())?,
-                    self.sin.narrow(0, cache.len, ids.len())?,
-                ))
-            })
+            .map(|(ids, cache)| self.angles(cache.len, ids.len()))
             .collect::<Result<Vec<_>>>()?;
-        let mut x = self.embed.embedding(&ids)?;
+        let mut x = self.embed_tokens(&ids)?;
         for (i, block) in self.blocks.iter().enumerate() {
             let h = super::rowwise::rms_norm(&x, &block.attn_norm, cfg.rms_eps)?;
             let qkv = block.wqkv.forward(&h, adapted)?;
             let mut ys = Vec::with_capacity(inputs.len());
             let mut at = 0;
-            for ((ids, cache), (cos, sin)) in inputs.iter_mut().zip(&tables) {
+            for ((ids, cache), angles) in inputs.iter_mut().zip(&tables) {
                 let t = ids.len();
                 let part = qkv.narrow(1, at, t)?;
                 let offset = cache.len;
-                ys.push(self.attention(i, &part, cache, offset, cos, sin)?);
+                ys.push(self.attention(i, &part, cache, offset, angles)?);
                 at += t;
             }
             let y = Tensor::cat(&ys, 1)?;
-            x = (x + block.wo.forward(&y, adapted)?)?;
-            let h = super::rowwise::rms_norm(&x, &block.ffn_norm, cfg.rms_eps)?;
-            let ff = super::rowwise::swiglu(&block.w_gate_up.forward(&h, adapted)?)?;
-            x = (x + block.w_down.forward(&ff, adapted)?)?;
+            x = self.rest_of_block(block, x, &y, adapted)?;
         }
         for (ids, cache) in inputs.iter_mut() {
             cache.len += ids.len();
@@ -481,10 +497,14 @@ impl Transformer {
         qkv: &Tensor,
         cache: &mut KvCache,
         offset: usize,
-        cos: &Tensor,
-        sin: &Tensor,
+        angles: &Angles,
     ) -> Result<Tensor> {
         let cfg = &self.config;
+        let window = cfg.window(layer);
+        let (cos, sin) = match (&angles.local, window) {
+            (Some((cos, sin)), Some(_)) => (cos, sin),
+            _ => (&angles.cos, &angles.sin),
+        };
         let (b, t, _) = qkv.dims3()?;
         let nq = cfg.n_head * cfg.head_dim;
         let nkv = cfg.n_kv_head * cfg.head_dim;
@@ -513,11 +533,17 @@ impl Transformer {
                 candle_nn::rotary_emb::rope(&k, cos, sin)?,
             )
         };
+        // Scores scaled otherwise than by 1/sqrt(head_dim): the queries carry the
+        // difference, as llama.cpp scales them.
+        let q = match cfg.attention_scale {
+            Some(scale) => (q * f64::from(scale * (cfg.head_dim as f32).sqrt()))?,
+            None => q,
+        };
         // llama.cpp keeps keys and values in f16 and rounds queries to f16 for the
         // products; rounding the same way keeps greedy choices at near-ties aligned.
         let (q, k, v) = (round_f16(&q)?, round_f16(&k)?, round_f16(&v)?);
         let (k, v) = cache.append(layer, &k, &v)?;
-        let y = causal_attention(&q, &k, &v, offset)?;
+        let y = causal_attention(&q, &k, &v, offset, window)?;
         Ok(y.transpose(1, 2)?
             .reshape((b, t, cfg.n_head * cfg.head_dim))?)
     }
@@ -589,18 +615,14 @@ impl Transformer {
         let (b, t) = ids.dims2()?;
         let cfg = &self.config;
         let offset = cache.len;
-        let cos = self.cos.narrow(0, offset, t)?;
-        let sin = self.sin.narrow(0, offset, t)?;
-        let mut x = self.embed.embedding(ids)?;
+        let angles = self.angles(offset, t)?;
+        let mut x = self.embed_tokens(ids)?;
         for (i, block) in self.blocks.iter().enumerate() {
             let h = super::rowwise::rms_norm(&x, &block.attn_norm, cfg.rms_eps)?;
             let adapted = cache.adapted;
             let qkv = block.wqkv.forward(&h, adapted)?;
-            let y = self.attention(i, &qkv, cache, offset, &cos, &sin)?;
-            x = (x + block.wo.forward(&y, adapted)?)?;
-            let h = super::rowwise::rms_norm(&x, &block.ffn_norm, cfg.rms_eps)?;
-            let ff = super::rowwise::swiglu(&block.w_gate_up.forward(&h, adapted)?)?;
-            x = (x + block.w_down.forward(&ff, adapted)?)?;
+            let y = self.attention(i, &qkv, cache, offset, &angles)?;
+            x = self.rest_of_block(block, x, &y, adapted)?;
         }
         cache.len += t;
         let x = match want {
@@ -616,6 +638,61 @@ impl Transformer {
             _ => logits.reshape((b, cfg.vocab_size))?,
         }))
     }
+}
+
+impl Transformer {
+    /// Embeddings of `ids`, scaled where the architecture scales them.
+    fn embed_tokens(&self, ids: &Tensor) -> Result<Tensor> {
+        let x = self.embed.embedding(ids)?;
+        Ok(match self.config.embed_scale {
+            Some(scale) => (x * f64::from(scale))?,
+            None => x,
+        })
+    }
+
+    /// Rotary tables of `len` positions from `offset`, for global and windowed layers.
+    fn angles(&self, offset: usize, len: usize) -> Result<Angles> {
+        let local = match &self.local_rope {
+            Some((cos, sin)) => Some((cos.narrow(0, offset, len)?, sin.narrow(0, offset, len)?)),
+            None => None,
+        };
+        Ok(Angles {
+            cos: self.cos.narrow(0, offset, len)?,
+            sin: self.sin.narrow(0, offset, len)?,
+            local,
+        })
+    }
+
+    /// A block after its attention `y`: the output projection and the feed-forward, each
+    /// added to the residual stream `x` (after its own norm where the architecture has
+    /// post-norms).
+    fn rest_of_block(&self, block: &Block, x: Tensor, y: &Tensor, adapted: bool) -> Result<Tensor> {
+        let cfg = &self.config;
+        let post = |t: Tensor, which: fn(&(Tensor, Tensor)) -> &Tensor| -> Result<Tensor> {
+            match &block.post_norms {
+                Some(norms) => super::rowwise::rms_norm(&t, which(norms), cfg.rms_eps),
+                None => Ok(t),
+            }
+        };
+        let a = post(block.wo.forward(y, adapted)?, |n| &n.0)?;
+        let x = (x + a)?;
+        let h = super::rowwise::rms_norm(&x, &block.ffn_norm, cfg.rms_eps)?;
+        let gate_up = block.w_gate_up.forward(&h, adapted)?;
+        let ff = match cfg.activation {
+            Activation::Silu => super::rowwise::swiglu(&gate_up)?,
+            Activation::GeluTanh => super::rowwise::geglu(&gate_up)?,
+        };
+        let d = post(block.w_down.forward(&ff, adapted)?, |n| &n.1)?;
+        Ok((x + d)?)
+    }
+}
+
+/// Rotary tables of the positions of one forward pass.
+struct Angles {
+    cos: Tensor,
+    sin: Tensor,
+    /// The sliding-window layers' own, where their base differs.
+    local: Option<(Tensor, Tensor)>,
 }
 
 /// Which positions of a forward pass produce logits.
@@ -666,14 +743,31 @@ impl candle_core::InplaceOp1 for RoundF16 {
 /// Cosine and sine tables (positions, head_dim / 2) for every position of the model's
 /// context (the trainer's forward pass uses the same tables).
 pub fn rope_tables(cfg: &Config, device: &Device) -> Result<(Tensor, Tensor)> {
-    let half = cfg.head_dim / 2;
+    angle_tables(
+        cfg.rope_theta,
+        cfg.rope_freq_scale,
+        cfg.head_dim,
+        cfg.context_length,
+        device,
+    )
+}
+
+/// Cosine and sine tables (n positions, head_dim / 2) for rotary base `theta`, positions
+/// multiplied by `freq_scale` (linear rope scaling).
+fn angle_tables(
+    theta: f32,
+    freq_scale: f32,
+    head_dim: usize,
+    n: usize,
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
+    let half = head_dim / 2;
     let inv_freq: Vec<f32> = (0..half)
-        .map(|i| 1.0 / cfg.rope_theta.powf(2.0 * i as f32 / cfg.head_dim as f32))
+        .map(|i| 1.0 / theta.powf(2.0 * i as f32 / head_dim as f32))
         .collect();
-    let n = cfg.context_length;
     let mut angles = Vec::with_capacity(n * half);
     for pos in 0..n {
-        angles.extend(inv_freq.iter().map(|f| pos as f32 * f));
+        angles.extend(inv_freq.iter().map(|f| pos as f32 * f * freq_scale));
     }
     let angles = Tensor::from_vec(angles, (n, half), device)?;
     Ok((angles.cos()?, angles.sin()?))
