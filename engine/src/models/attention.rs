@@ -6,6 +6,7 @@
 
 use candle_core::{CpuStorage, InplaceOp1, Layout, Tensor};
 
+use super::linear::DENSE_MIN_ROWS;
 use crate::error::Result;
 
 /// Upper bound on score-matrix elements per block (16 MiB of f32).
@@ -26,24 +27,41 @@ pub(crate) fn causal_attention(
     offset: usize,
     window: Option<usize>,
 ) -> Result<Tensor> {
-    let t = q.dim(2)?;
+    let (b, n_head, t, d) = q.dims4()?;
     // A window that reaches back past position 0 for every query hides nothing.
-    if let Some(window) = window.filter(|&w| offset + t > w) {
-        return blocked_attention(q, k, v, offset, window);
-    }
+    let binding = window.filter(|&w| offset + t > w);
+    // A few rows (decoding, a verification pass, a batch's sequences) must each get the
+    // bits of decoding it alone: the kernel serves them only where it would also serve a
+    // single row, and otherwise each row runs as a single row would.
+    let few = t < DENSE_MIN_ROWS;
     #[cfg(x86_avx2)]
-    if q.device().is_cpu() {
-        let (b, n_head, t, d) = q.dims4()?;
-        let op = super::cache_attention::CacheAttention {
+    if q.device().is_cpu() && binding.is_none() {
+        let op = |t: usize| super::cache_attention::CacheAttention {
             offset,
             scale: 1.0 / (d as f32).sqrt(),
             block: query_block(b, n_head, t, offset),
         };
-        if op.applies(n_head / k.dim(1)?, t, d) {
-            return Ok(q.contiguous()?.apply_op3_no_bwd(k, v, &op)?);
+        let group = n_head / k.dim(1)?;
+        if op(t).applies(group, t, d) && (!few || op(1).applies(group, 1, d)) {
+            return Ok(q.contiguous()?.apply_op3_no_bwd(k, v, &op(t))?);
         }
     }
-    blocked_attention(q, k, v, offset, usize::MAX)
+    if few && t > 1 {
+        let rows = (0..t)
+            .map(|i| {
+                let seen = offset + i + 1;
+                causal_attention(
+                    &q.narrow(2, i, 1)?.contiguous()?,
+                    &k.narrow(2, 0, seen)?,
+                    &v.narrow(2, 0, seen)?,
+                    offset + i,
+                    window,
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        return Ok(Tensor::cat(&rows, 2)?);
+    }
+    blocked_attention(q, k, v, offset, binding.unwrap_or(usize::MAX))
 }
 
 /// Queries per block for `t` queries of `n_head` heads after `offset` positions.
@@ -338,14 +356,17 @@ mod tests {
                 let (kt, vt) = (room(&k), room(&v));
                 let qt = Tensor::from_slice(&q, (1, n_head, t, d), &dev).unwrap();
                 let flat = |x: Tensor| -> Vec<f32> { x.flatten_all().unwrap().to_vec1().unwrap() };
-                let got = flat(causal_attention(&qt, &kt, &vt, offset, None).unwrap());
-                let want = flat(blocked_attention(&qt, &kt, &vt, offset, usize::MAX).unwrap());
                 let op = crate::models::cache_attention::CacheAttention {
                     offset,
-                    scale: 1.0,
+                    scale: 1.0 / (d as f32).sqrt(),
                     block: query_block(1, n_head, t, offset),
                 };
-                taken += usize::from(op.applies(n_head / n_kv, t, d));
+                if !op.applies(n_head / n_kv, t, d) {
+                    continue;
+                }
+                taken += 1;
+                let got = flat(qt.apply_op3_no_bwd(&kt, &vt, &op).unwrap());
+                let want = flat(blocked_attention(&qt, &kt, &vt, offset, usize::MAX).unwrap());
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                     assert_eq!(
                         g.to_bits(),
@@ -355,8 +376,65 @@ mod tests {
                 }
             }
         }
-        // Most shapes above take the kernel (the others check the fallback's routing).
+        // Most shapes above take the kernel.
         assert!(taken >= 30, "{taken} shapes took the cache kernel");
+    }
+
+    /// Each query's output has the same bits whether it runs alone after its cache (one
+    /// decoded token) or among up to fifteen (a verification pass), with and without a
+    /// window that binds: drafting and batching rely on it.
+    #[test]
+    fn rows_do_not_depend_on_how_many_share_the_call() {
+        let dev = candle_core::Device::Cpu;
+        let mut seed = 3u32;
+        let mut next = move || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
+        };
+        // Head sizes the kernel takes (64) and does not (256); contexts where a single row
+        // takes the kernel, and a short one where it does not.
+        let shapes = [
+            (4, 1, 64, 700, 15),
+            (4, 1, 64, 1200, 4),
+            (4, 1, 64, 40, 6),
+            (4, 1, 256, 700, 15),
+            (4, 1, 256, 100, 5),
+        ];
+        for (n_head, n_kv, d, offset, t) in shapes {
+            let keys = offset + t;
+            let mut fill = |n: usize| -> Vec<f32> { (0..n).map(|_| next() * 2.0).collect() };
+            let (q, k, v) = (
+                fill(n_head * t * d),
+                fill(n_kv * keys * d),
+                fill(n_kv * keys * d),
+            );
+            let kt = Tensor::from_slice(&k, (1, n_kv, keys, d), &dev).unwrap();
+            let vt = Tensor::from_slice(&v, (1, n_kv, keys, d), &dev).unwrap();
+            let qt = Tensor::from_slice(&q, (1, n_head, t, d), &dev).unwrap();
+            for window in [None, Some(512), Some(30)] {
+                let all = causal_attention(&qt, &kt, &vt, offset, window).unwrap();
+                for i in 0..t {
+                    let upto = offset + i + 1;
+                    let alone = causal_attention(
+                        &qt.narrow(2, i, 1).unwrap().contiguous().unwrap(),
+                        &kt.narrow(2, 0, upto).unwrap(),
+                        &vt.narrow(2, 0, upto).unwrap(),
+                        offset + i,
+                        window,
+                    )
+                    .unwrap();
+                    let bits = |x: Tensor| -> Vec<u32> {
+                        let v: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
+                        v.iter().map(|f| f.to_bits()).collect()
+                    };
+                    assert_eq!(
+                        bits(all.narrow(2, i, 1).unwrap().contiguous().unwrap()),
+                        bits(alone),
+                        "head size {d}, offset {offset}, {t} rows, row {i}, window {window:?}"
+                    );
+                }
+            }
+        }
     }
 
     /// Sliding-window attention equals attention over each query's window alone,
