@@ -1291,7 +1291,7 @@ pub struct BenchNeedleArgs {
 
 #[derive(Debug, Args)]
 pub struct BenchEngineArgs {
-    /// Prompt sizes to prefill, in tokens
+    /// Prompt sizes to prefill, in tokens (0: none)
     #[arg(long, value_delimiter = ',', default_value = "512,2048,5000")]
     pub prefill: Vec<usize>,
 

@@ -33,7 +33,7 @@ pub fn engine(global: &Settings, args: &BenchEngineArgs) -> Result<()> {
     let unit = model.tokenizer().encode(FILLER, false)?;
     let filler: Vec<u32> = unit.iter().copied().cycle().take(longest).collect();
     let mut results: Vec<BenchResult> = Vec::new();
-    for &n in &args.prefill {
+    for &n in args.prefill.iter().filter(|&&n| n > 0) {
         let r =
             bench_prefill(&model, &filler, n, args.repeats).with_context(|| format!("pp{n}"))?;
         report_progress(&r);
