@@ -35,6 +35,7 @@ pub fn byte_chars() -> Vec<String> {
 pub fn write_tiny_model(dir: &Path, arch: &str) -> PathBuf {
     let dev = Device::Cpu;
     let (n_embd, n_ff, n_head, n_kv, n_layer) = (64usize, 128usize, 4u32, 2u32, 2u32);
+    let gemma = arch == "gemma3";
     let mut tokens = byte_chars();
     tokens.extend(["<|im_start|>", "<|im_end|>", "He", "ll", "Hell"].map(String::from));
     let vocab = tokens.len();
@@ -57,7 +58,10 @@ pub fn write_tiny_model(dir: &Path, arch: &str) -> PathBuf {
         (p("attention.head_count"), Value::U32(n_head)),
         (p("attention.head_count_kv"), Value::U32(n_kv)),
         (p("attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
-        (p("rope.freq_base"), Value::F32(10_000.0)),
+        (
+            p("rope.freq_base"),
+            Value::F32(if gemma { 1_000_000.0 } else { 10_000.0 }),
+        ),
         ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
         (
             "tokenizer.ggml.pre".into(),
@@ -94,6 +98,14 @@ pub fn write_tiny_model(dir: &Path, arch: &str) -> PathBuf {
             Value::String(TEMPLATE.into()),
         ),
     ];
+    let mut meta = meta;
+    if gemma {
+        // A window of 8 positions on the first layer (a pattern of 2: every second layer
+        // global), so that the prompts' 30 tokens and their continuations pass it.
+        meta.push((p("attention.sliding_window"), Value::U32(8)));
+        meta.push((p("attention.sliding_window_pattern"), Value::U32(2)));
+        meta.push((p("rope.freq_base_swa"), Value::F32(10_000.0)));
+    }
     let rng = std::cell::RefCell::new(<rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(7));
     let rand = |shape: &[usize], dtype: GgmlDType| {
         use rand::Rng;
@@ -152,15 +164,20 @@ pub fn write_tiny_model(dir: &Path, arch: &str) -> PathBuf {
             tensors.push((b("attn_k.bias"), rand(&[kv_dim], GgmlDType::F32)));
             tensors.push((b("attn_v.bias"), rand(&[kv_dim], GgmlDType::F32)));
         }
-        if arch == "qwen3" {
-            // Per-head norms with weights around 1, so that they matter and stay sane.
+        // Norm weights around 1, so that they matter and stay sane.
+        let norm = |rand: &dyn Fn(&[usize], GgmlDType) -> QTensor, n: usize| {
+            let t = rand(&[n], GgmlDType::F32).dequantize(&dev).unwrap();
+            QTensor::quantize(&(t + 1.0).unwrap(), GgmlDType::F32).unwrap()
+        };
+        if arch == "qwen3" || gemma {
+            // Per-head norms of the queries and keys.
             let head_dim = n_embd / n_head as usize;
-            let norm = |rand: &dyn Fn(&[usize], GgmlDType) -> QTensor| {
-                let t = rand(&[head_dim], GgmlDType::F32).dequantize(&dev).unwrap();
-                QTensor::quantize(&(t + 1.0).unwrap(), GgmlDType::F32).unwrap()
-            };
-            tensors.push((b("attn_q_norm.weight"), norm(&rand)));
-            tensors.push((b("attn_k_norm.weight"), norm(&rand)));
+            tensors.push((b("attn_q_norm.weight"), norm(&rand, head_dim)));
+            tensors.push((b("attn_k_norm.weight"), norm(&rand, head_dim)));
+        }
+        if gemma {
+            tensors.push((b("post_attention_norm.weight"), norm(&rand, n_embd)));
+            tensors.push((b("post_ffw_norm.weight"), norm(&rand, n_embd)));
         }
     }
     if arch == "phi3" {

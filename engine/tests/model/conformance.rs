@@ -301,11 +301,14 @@ fn gemma3_agrees_with_llama_cpp() {
 
 /// Architectures checked on tiny random-weight files against llama.cpp's continuations
 /// of them (tests/data/tiny-ARCH.llamacpp.json, written by scripts/conformance-fixture):
-/// qwen3 and phi3, which no installable small file has, beside llama and qwen2, whose
-/// real files are checked above, as the measure of what rounding alone moves.
-const TINY_REFERENCES: [(&str, &str); 4] = [
+/// qwen3 and phi3, which no installable small file has, gemma3 with a sliding window of 8
+/// positions on one of its two layers (so that every continuation passes it), beside
+/// llama and qwen2, whose real files are checked above, as the measure of what rounding
+/// alone moves.
+const TINY_REFERENCES: [(&str, &str); 5] = [
     ("qwen3", include_str!("../data/tiny-qwen3.llamacpp.json")),
     ("phi3", include_str!("../data/tiny-phi3.llamacpp.json")),
+    ("gemma3", include_str!("../data/tiny-gemma3.llamacpp.json")),
     ("llama", include_str!("../data/tiny-llama.llamacpp.json")),
     ("qwen2", include_str!("../data/tiny-qwen2.llamacpp.json")),
 ];
