@@ -42,10 +42,9 @@ pub struct Transformer {
     blocks: Vec<Block>,
     norm: Tensor,
     lm_head: Head,
-    cos: Tensor,
-    sin: Tensor,
-    /// Rotary tables of the sliding-window layers, when they have their own base.
-    local_rope: Option<(Tensor, Tensor)>,
+    rope: Rope,
+    /// The sliding-window layers' rotary angles, when they have their own base.
+    local_rope: Option<Rope>,
     device: Device,
     /// Whether an adapter's updates sit beside the weights.
     adapted: bool,
@@ -293,25 +292,17 @@ impl Transformer {
             };
             blocks.push(block);
         }
-        let (cos, sin) = rope_tables(&config, device)?;
-        let local_rope = match config.sliding_window {
-            Some(w) => Some(angle_tables(
-                w.rope_theta,
-                1.0,
-                config.head_dim,
-                config.context_length,
-                device,
-            )?),
-            None => None,
-        };
+        let rope = Rope::new(config.rope_theta, config.rope_freq_scale, config.head_dim);
+        let local_rope = config
+            .sliding_window
+            .map(|w| Rope::new(w.rope_theta, 1.0, config.head_dim));
         Ok(Self {
             config,
             embed,
             blocks,
             norm,
             lm_head,
-            cos,
-            sin,
+            rope,
             local_rope,
             device: device.clone(),
             adapted: adapter.is_some(),
@@ -653,14 +644,11 @@ impl Transformer {
     /// Rotary tables of `len` positions from `offset`, for global and windowed layers.
     fn angles(&self, offset: usize, len: usize) -> Result<Angles> {
         let local = match &self.local_rope {
-            Some((cos, sin)) => Some((cos.narrow(0, offset, len)?, sin.narrow(0, offset, len)?)),
+            Some(rope) => Some(rope.tables(offset, len, &self.device)?),
             None => None,
         };
-        Ok(Angles {
-            cos: self.cos.narrow(0, offset, len)?,
-            sin: self.sin.narrow(0, offset, len)?,
-            local,
-        })
+        let (cos, sin) = self.rope.tables(offset, len, &self.device)?;
+        Ok(Angles { cos, sin, local })
     }
 
     /// A block after its attention `y`: the output projection and the feed-forward, each
@@ -741,36 +729,48 @@ impl candle_core::InplaceOp1 for RoundF16 {
 }
 
 /// Cosine and sine tables (positions, head_dim / 2) for every position of the model's
-/// context (the trainer's forward pass uses the same tables).
+/// context (the trainer's forward pass uses the same values).
 pub fn rope_tables(cfg: &Config, device: &Device) -> Result<(Tensor, Tensor)> {
-    angle_tables(
-        cfg.rope_theta,
-        cfg.rope_freq_scale,
-        cfg.head_dim,
+    Rope::new(cfg.rope_theta, cfg.rope_freq_scale, cfg.head_dim).tables(
+        0,
         cfg.context_length,
         device,
     )
 }
 
-/// Cosine and sine tables (n positions, head_dim / 2) for rotary base `theta`, positions
-/// multiplied by `freq_scale` (linear rope scaling).
-fn angle_tables(
-    theta: f32,
+/// Rotary angles for base `theta`, positions multiplied by `freq_scale` (linear rope
+/// scaling). Each forward pass makes the tables of its own positions: tables of a whole
+/// context would take 64 MiB for Gemma 3's 32K positions and their two bases, and four
+/// times that at 128K.
+struct Rope {
+    inv_freq: Vec<f32>,
     freq_scale: f32,
-    head_dim: usize,
-    n: usize,
-    device: &Device,
-) -> Result<(Tensor, Tensor)> {
-    let half = head_dim / 2;
-    let inv_freq: Vec<f32> = (0..half)
-        .map(|i| 1.0 / theta.powf(2.0 * i as f32 / head_dim as f32))
-        .collect();
-    let mut angles = Vec::with_capacity(n * half);
-    for pos in 0..n {
-        angles.extend(inv_freq.iter().map(|f| pos as f32 * f * freq_scale));
+}
+
+impl Rope {
+    fn new(theta: f32, freq_scale: f32, head_dim: usize) -> Self {
+        let inv_freq = (0..head_dim / 2)
+            .map(|i| 1.0 / theta.powf(2.0 * i as f32 / head_dim as f32))
+            .collect();
+        Self {
+            inv_freq,
+            freq_scale,
+        }
     }
-    let angles = Tensor::from_vec(angles, (n, half), device)?;
-    Ok((angles.cos()?, angles.sin()?))
+
+    /// Cosine and sine tables (len, head_dim / 2) of positions `offset..offset + len`.
+    fn tables(&self, offset: usize, len: usize, device: &Device) -> Result<(Tensor, Tensor)> {
+        let mut angles = Vec::with_capacity(len * self.inv_freq.len());
+        for pos in offset..offset + len {
+            angles.extend(
+                self.inv_freq
+                    .iter()
+                    .map(|f| pos as f32 * f * self.freq_scale),
+            );
+        }
+        let angles = Tensor::from_vec(angles, (len, self.inv_freq.len()), device)?;
+        Ok((angles.cos()?, angles.sin()?))
+    }
 }
 
 #[cfg(test)]
