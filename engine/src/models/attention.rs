@@ -306,6 +306,14 @@ mod avx2 {
 mod tests {
     use super::*;
 
+    /// Values uniform in [-1, 1) from `seed`, the same sequence on every run.
+    fn uniform(mut seed: u32) -> impl FnMut() -> f32 {
+        move || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
+        }
+    }
+
     /// Attention through the cache kernel has exactly the bits of the matmul path, on
     /// caches that are views of longer buffers: one to fifteen rows per head (decoding,
     /// verification) and prefill blocks, keys across the GEMM's depth blocks, partial key
@@ -314,11 +322,7 @@ mod tests {
     #[test]
     fn cache_kernel_equals_the_matmul_path_bit_for_bit() {
         let dev = candle_core::Device::Cpu;
-        let mut seed = 99u32;
-        let mut next = move || {
-            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
-        };
+        let mut next = uniform(99);
         let mut taken = 0;
         let shapes = [
             (0, 3),
@@ -386,11 +390,7 @@ mod tests {
     #[test]
     fn rows_do_not_depend_on_how_many_share_the_call() {
         let dev = candle_core::Device::Cpu;
-        let mut seed = 3u32;
-        let mut next = move || {
-            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
-        };
+        let mut next = uniform(3);
         // Head sizes the kernel takes (64) and does not (256); contexts where a single row
         // takes the kernel, and a short one where it does not.
         let shapes = [
@@ -443,11 +443,7 @@ mod tests {
     #[test]
     fn a_window_hides_exactly_the_older_keys() {
         let dev = candle_core::Device::Cpu;
-        let mut seed = 7u32;
-        let mut next = move || {
-            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
-        };
+        let mut next = uniform(7);
         let (n_head, n_kv, d) = (4, 2, 16);
         for (offset, t, window) in [
             (40, 1, 8),
