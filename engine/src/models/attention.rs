@@ -27,7 +27,7 @@ pub(crate) fn causal_attention(
     offset: usize,
     window: Option<usize>,
 ) -> Result<Tensor> {
-    let (b, n_head, t, d) = q.dims4()?;
+    let t = q.dim(2)?;
     // A window that reaches back past position 0 for every query hides nothing.
     let binding = window.filter(|&w| offset + t > w);
     // A few rows (decoding, a verification pass, a batch's sequences) must each get the
@@ -36,6 +36,7 @@ pub(crate) fn causal_attention(
     let few = t < DENSE_MIN_ROWS;
     #[cfg(x86_avx2)]
     if q.device().is_cpu() && binding.is_none() {
+        let (b, n_head, _, d) = q.dims4()?;
         let op = |t: usize| super::cache_attention::CacheAttention {
             offset,
             scale: 1.0 / (d as f32).sqrt(),
