@@ -262,19 +262,20 @@ impl LocalModel {
         let architecture = gguf.string("general.architecture")?;
         let source = match gguf.opt_string("tokenizer.chat_template")? {
             Some(source) => source,
-            None => crate::chat::builtin_template(architecture).ok_or_else(|| {
-                Error::Template(format!(
-                    "{} has no tokenizer.chat_template; memagent needs a chat (instruct) model",
+            None => {
+                let builtin = crate::chat::builtin_template(architecture).ok_or_else(|| {
+                    Error::Template(format!(
+                        "{} has no tokenizer.chat_template; memagent needs a chat (instruct) model",
+                        path.display()
+                    ))
+                })?;
+                tracing::info!(
+                    "{} carries no chat template: using {architecture}'s own",
                     path.display()
-                ))
-            })?,
+                );
+                builtin
+            }
         };
-        if gguf.opt_string("tokenizer.chat_template")?.is_none() {
-            tracing::info!(
-                "{} carries no chat template: using {architecture}'s own",
-                path.display()
-            );
-        }
         let template = ChatTemplate::new(source, tokenizer.bos_token(), tokenizer.eos_token())?;
         let name = gguf
             .opt_string("general.name")?

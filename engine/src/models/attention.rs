@@ -315,6 +315,21 @@ mod tests {
         }
     }
 
+    /// Queries of `t` positions and keys and values of `keys`, for heads `(n_head, n_kv,
+    /// d)`, drawn from `next` and scaled by `scale`.
+    fn qkv(
+        next: &mut impl FnMut() -> f32,
+        scale: f32,
+        (n_head, n_kv, d): (usize, usize, usize),
+        t: usize,
+        keys: usize,
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let mut fill = |n: usize| -> Vec<f32> { (0..n).map(|_| next() * scale).collect() };
+        let q = fill(n_head * t * d);
+        let k = fill(n_kv * keys * d);
+        (q, k, fill(n_kv * keys * d))
+    }
+
     /// Attention through the cache kernel has exactly the bits of the matmul path, on
     /// caches that are views of longer buffers: one to fifteen rows per head (decoding,
     /// verification) and prefill blocks, keys across the GEMM's depth blocks, partial key
@@ -344,12 +359,7 @@ mod tests {
         for (n_head, n_kv, d) in [(9, 3, 64), (6, 2, 64), (4, 1, 32)] {
             for (offset, t) in shapes {
                 let keys = offset + t;
-                let mut fill = |n: usize| -> Vec<f32> { (0..n).map(|_| next() * 3.0).collect() };
-                let (q, k, v) = (
-                    fill(n_head * t * d),
-                    fill(n_kv * keys * d),
-                    fill(n_kv * keys * d),
-                );
+                let (q, k, v) = qkv(&mut next, 3.0, (n_head, n_kv, d), t, keys);
                 // The cache as the model holds it: a buffer with room beyond `keys`, narrowed.
                 let room = |x: &[f32]| -> Tensor {
                     let full = Tensor::zeros((1, n_kv, keys + 7, d), candle_core::DType::F32, &dev)
@@ -403,12 +413,7 @@ mod tests {
         ];
         for (n_head, n_kv, d, offset, t) in shapes {
             let keys = offset + t;
-            let mut fill = |n: usize| -> Vec<f32> { (0..n).map(|_| next() * 2.0).collect() };
-            let (q, k, v) = (
-                fill(n_head * t * d),
-                fill(n_kv * keys * d),
-                fill(n_kv * keys * d),
-            );
+            let (q, k, v) = qkv(&mut next, 2.0, (n_head, n_kv, d), t, keys);
             let kt = Tensor::from_slice(&k, (1, n_kv, keys, d), &dev).unwrap();
             let vt = Tensor::from_slice(&v, (1, n_kv, keys, d), &dev).unwrap();
             let qt = Tensor::from_slice(&q, (1, n_head, t, d), &dev).unwrap();
@@ -455,12 +460,7 @@ mod tests {
             (600, 200, 64),
         ] {
             let keys = offset + t;
-            let mut fill = |n: usize| -> Vec<f32> { (0..n).map(|_| next() * 2.0).collect() };
-            let (q, k, v) = (
-                fill(n_head * t * d),
-                fill(n_kv * keys * d),
-                fill(n_kv * keys * d),
-            );
+            let (q, k, v) = qkv(&mut next, 2.0, (n_head, n_kv, d), t, keys);
             let tensor = |x: &[f32], rows: usize, heads: usize| {
                 Tensor::from_slice(x, (1, heads, rows, d), &dev).unwrap()
             };
