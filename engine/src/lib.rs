@@ -40,8 +40,8 @@ pub use device::open_device;
 pub use error::{Error, Result};
 pub use gguf::{sha256_file, GgufFile};
 pub use model::{
-    DecodeStats, GenerateOptions, Generation, LoadOptions, LocalModel, ModelInfo, StopReason,
-    WeightPlan, DEFAULT_DRAFT_TOKENS,
+    DecodeStats, GenerateOptions, Generation, LoadOptions, LocalModel, ModelInfo, PrefillWeights,
+    StopReason, WeightPlan, DEFAULT_DRAFT_TOKENS,
 };
 pub use models::{
     for_chunks, gemm_n, gemm_t, matmul_t, rope_tables, Architecture, Config, KvCache, Transformer,

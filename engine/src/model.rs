@@ -16,7 +16,7 @@ use crate::prefix::{PrefixCache, PrefixCacheStats};
 use crate::sampling::{argmax, Sampler, SamplingParams};
 use crate::tokenizer::Tokenizer;
 
-pub use crate::models::WeightPlan;
+pub use crate::models::{PrefillWeights, WeightPlan};
 
 /// How to load a model.
 #[derive(Debug, Clone)]
@@ -36,7 +36,7 @@ impl Default for LoadOptions {
             device: Device::Cpu,
             weights: WeightPlan {
                 dense_prefill: true,
-                copy: false,
+                prefill: PrefillWeights::default(),
             },
             tokenizer: None,
             adapter: AdapterChoice::None,

@@ -15,7 +15,7 @@ use candle_core::quantized::gguf_file::Value;
 use candle_core::Tensor;
 use memagent_engine::{
     default_adapter_path, export_merged, sha256_file, Adapter, AdapterChoice, GgmlDType, GgufFile,
-    LoadOptions, LocalModel,
+    LoadOptions, LocalModel, PrefillWeights, WeightPlan,
 };
 use memagent_tasks::training::{DataConfig, Mode, Split};
 use memagent_trainer::{
@@ -342,9 +342,16 @@ fn a_run_killed_with_sigkill_resumes_to_the_same_parameters() {
 }
 
 /// Logits of the last position of `ids` from a local model loaded with `adapter`.
+/// The engine's logits for `ids`, its prefill on f32 weights as the trainer's forward is
+/// (the default integer prefill rounds activations to 8 bits, which moves a tiny random
+/// model's logits by tenths).
 fn engine_logits(model: &Path, adapter: AdapterChoice, ids: &[u32]) -> (Option<PathBuf>, Vec<f32>) {
     let options = LoadOptions {
         adapter,
+        weights: WeightPlan {
+            dense_prefill: true,
+            prefill: PrefillWeights::Tiles,
+        },
         ..LoadOptions::default()
     };
     let m = LocalModel::load(model, &options).unwrap();

@@ -26,7 +26,8 @@ use memagent_engine::agent::{
     MemoryAgent, OpenAiBackend, Profile, RemoteOptions, RemoteTokenizer, TextTokenizer,
 };
 use memagent_engine::{
-    open_device, AdapterChoice, LoadOptions, LocalModel, SamplingParams, Tokenizer, WeightPlan,
+    open_device, AdapterChoice, LoadOptions, LocalModel, PrefillWeights, SamplingParams, Tokenizer,
+    WeightPlan,
 };
 
 use crate::cli::{
@@ -85,13 +86,15 @@ pub fn adapter_choice(global: &Settings) -> AdapterChoice {
 
 /// Whether prefill keeps an f32 copy of the weights: $MEMAGENT_PREFILL_WEIGHTS=copy, for
 /// comparing with the default `tiles` (blocks dequantized inside the GEMM).
-fn prefill_copy() -> Result<bool> {
+fn prefill_weights() -> Result<PrefillWeights> {
     match std::env::var("MEMAGENT_PREFILL_WEIGHTS").ok().as_deref() {
-        None | Some("") | Some("tiles") => Ok(false),
-        Some("copy") => Ok(true),
+        None | Some("") | Some("integer") => Ok(PrefillWeights::Integer),
+        Some("tiles") => Ok(PrefillWeights::Tiles),
+        Some("copy") => Ok(PrefillWeights::Copy),
         Some(other) => anyhow::bail!(
-            "MEMAGENT_PREFILL_WEIGHTS={other}: use tiles (blocks dequantized inside the \
-             GEMM, the default) or copy (an f32 copy of the weights)"
+            "MEMAGENT_PREFILL_WEIGHTS={other}: use integer (8-bit products on the file's own \
+             weights where the CPU has AVX-512 VNNI, the default), tiles (blocks dequantized \
+             to f32 inside the GEMM) or copy (an f32 copy of the weights)"
         ),
     }
 }
@@ -103,7 +106,7 @@ fn load_model(global: &Settings) -> Result<LocalModel> {
         device: open_device(&global.device)?,
         weights: WeightPlan {
             dense_prefill: true,
-            copy: prefill_copy()?,
+            prefill: prefill_weights()?,
         },
         tokenizer: global.tokenizer.clone(),
         adapter: adapter_choice(global),

@@ -34,7 +34,22 @@ pub(crate) enum Format {
 }
 
 impl Format {
-    const fn block_bytes(self) -> usize {
+    /// The format of a tensor type, for the types these kernels read.
+    pub(crate) fn of(dtype: candle_core::quantized::GgmlDType) -> Option<Self> {
+        use candle_core::quantized::GgmlDType;
+        Some(match dtype {
+            GgmlDType::Q4_0 => Self::Q4_0,
+            GgmlDType::Q4_1 => Self::Q4_1,
+            GgmlDType::Q5_0 => Self::Q5_0,
+            GgmlDType::Q8_0 => Self::Q8_0,
+            GgmlDType::Q4K => Self::K(KFormat::Q4K),
+            GgmlDType::Q5K => Self::K(KFormat::Q5K),
+            GgmlDType::Q6K => Self::K(KFormat::Q6K),
+            _ => return None,
+        })
+    }
+
+    pub(crate) const fn block_bytes(self) -> usize {
         match self {
             Self::Q4_0 => 18,
             Self::Q4_1 => 20,
@@ -45,7 +60,7 @@ impl Format {
     }
 
     /// Weights per block.
-    const fn block_len(self) -> usize {
+    pub(crate) const fn block_len(self) -> usize {
         match self {
             Self::K(_) => QK_K,
             _ => QK,
@@ -62,10 +77,10 @@ pub(crate) struct BlockMatrix {
 }
 
 /// One row of activations in Q8_1 form.
-struct Q8_1Row {
-    d: Vec<f32>,
-    s: Vec<f32>,
-    qs: Vec<i8>,
+pub(crate) struct Q8_1Row {
+    pub(crate) d: Vec<f32>,
+    pub(crate) s: Vec<f32>,
+    pub(crate) qs: Vec<i8>,
 }
 
 impl BlockMatrix {
@@ -121,7 +136,7 @@ impl BlockMatrix {
 }
 
 /// Quantizes one row the way llama.cpp's AVX2 `quantize_row_q8_1` does.
-fn quantize_q8_1(x: &[f32]) -> Q8_1Row {
+pub(crate) fn quantize_q8_1(x: &[f32]) -> Q8_1Row {
     let blocks = x.len() / QK;
     let mut row = Q8_1Row {
         d: Vec::with_capacity(blocks),
@@ -249,7 +264,7 @@ fn dot_scalar(format: Format, w: &[u8], x: &Q8_1Row) -> f32 {
 /// A Q4_0, Q5_0 or Q8_0 block's scale and 32 weights as signed integers (llama.cpp's
 /// reference unpacking: Q4_0 q - 8; Q5_0 q - 16, q of five bits, the fifth from the
 /// block's 32-bit mask).
-fn signed_block(format: Format, block: &[u8]) -> (f32, [i8; QK]) {
+pub(crate) fn signed_block(format: Format, block: &[u8]) -> (f32, [i8; QK]) {
     let mut q = [0i8; QK];
     match format {
         Format::Q4_0 => {

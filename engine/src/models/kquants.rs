@@ -92,15 +92,15 @@ fn scale_min(j: usize, s: &[u8]) -> (u8, u8) {
 
 /// A super-block unpacked: 256 weights as integers (Q6K's already less 32), a scale per
 /// 16 weights, and for Q4K/Q5K a min per 32.
-struct Unpacked {
-    q: [i8; QK_K],
-    scales: [i16; QK_K / 16],
-    mins: [i16; 8],
-    d: f32,
-    dmin: f32,
+pub(crate) struct Unpacked {
+    pub(crate) q: [i8; QK_K],
+    pub(crate) scales: [i16; QK_K / 16],
+    pub(crate) mins: [i16; 8],
+    pub(crate) d: f32,
+    pub(crate) dmin: f32,
 }
 
-fn unpack(format: KFormat, b: &[u8]) -> Unpacked {
+pub(crate) fn unpack(format: KFormat, b: &[u8]) -> Unpacked {
     let mut u = Unpacked {
         q: [0; QK_K],
         scales: [0; QK_K / 16],

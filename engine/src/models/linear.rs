@@ -9,7 +9,6 @@ use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{Device, Module, Tensor};
 
 use super::blocks::{BlockMatrix, Format};
-use super::kquants::KFormat;
 use super::low_rank::LowRank;
 use crate::error::Result;
 
@@ -19,36 +18,63 @@ pub(crate) const DENSE_MIN_ROWS: usize = 16;
 /// How weights are kept in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WeightPlan {
-    /// Prefill multiplies f32 weights with a GEMM (CPU only); otherwise it runs the
-    /// quantized kernels.
+    /// Prefill multiplies many rows at once with a GEMM (CPU only); otherwise it runs
+    /// decode's quantized kernels.
     pub dense_prefill: bool,
-    /// How prefill has its f32 weights: `true`, an f32 copy of every projection kept from
-    /// load; `false`, each block of weight rows dequantized by the task that multiplies
-    /// it, so that the file's own bytes are all that stays. Both give the same bits; on a
-    /// 2-vCPU Zen 4 the blocks prefill 0–5% slower and take under half the memory
-    /// (docs/benchmarks/prefill-tiles).
-    pub copy: bool,
+    /// Which GEMM.
+    pub prefill: PrefillWeights,
 }
 
-/// Prefill's f32 weights.
+/// Prefill's GEMM and the weights it reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PrefillWeights {
+    /// Activations quantized to 8-bit blocks and multiplied in integers with the file's
+    /// own weights, unpacked a block of rows at a time (`int_gemm`), on CPUs with AVX-512
+    /// VNNI and for Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K; [`Self::Tiles`]
+    /// elsewhere.
+    #[default]
+    Integer,
+    /// Each block of weight rows dequantized to f32 by the task that multiplies it, so
+    /// that the file's own bytes are all that stays.
+    Tiles,
+    /// An f32 copy of every projection kept from load. The same bits as the tiles; on a
+    /// 2-vCPU Zen 4 the tiles prefill 0–5% slower and take under half the memory
+    /// (docs/benchmarks/prefill-tiles).
+    Copy,
+}
+
+/// Prefill's weights.
 enum Prefill {
     /// A copy made at load.
     Copy(Tensor),
-    /// Dequantized a block of rows at a time inside the GEMM.
+    /// The file's own weights, read a block of rows at a time inside the GEMM.
     Tiles(Tiles),
 }
 
-/// A quantized weight (n, k) whose rows prefill dequantizes block by block.
+/// A quantized weight (n, k) whose rows prefill reads block by block: unpacked for the
+/// integer product (`integer`, the weight's format), or dequantized to f32.
 struct Tiles {
     weight: Arc<QTensor>,
     n: usize,
     k: usize,
+    integer: Option<Format>,
 }
 
 impl Tiles {
-    fn new(weight: Arc<QTensor>) -> Result<Self> {
+    /// Tiles of `weight`, for the integer product where `integer` and the weight has a
+    /// format it takes on this CPU.
+    fn new(weight: Arc<QTensor>, integer: bool) -> Result<Self> {
         let (n, k) = weight.shape().dims2()?;
-        Ok(Self { weight, n, k })
+        let integer = match integer {
+            true => integer_format(&weight)?,
+            false => None,
+        };
+        Ok(Self {
+            weight,
+            n,
+            k,
+            integer,
+        })
     }
 
     /// Rows `rows` of the weight in f32, row-major, dequantized block by block straight
@@ -125,9 +151,23 @@ impl candle_core::CustomOp1 for Tiles {
                 self.k
             )
         }
-        let out = super::dense::gemm_t_tiles(&x[x0..], m, self.n, k, |rows| self.rows(rows))?;
-        Ok((candle_core::CpuStorage::F32(out), (m, self.n).into()))
+        let (x, n) = (&x[x0..], self.n);
+        let out = match self.integer {
+            Some(format) => super::int_gemm::matmul_t(format, &self.weight.data()?, n, k, x, m),
+            None => super::dense::gemm_t_tiles(x, m, n, k, |rows| self.rows(rows))?,
+        };
+        Ok((candle_core::CpuStorage::F32(out), (m, n).into()))
     }
+}
+
+/// The block format of a weight the integer product takes on this CPU, if any: whole
+/// blocks per row, and a CPU with AVX-512 VNNI.
+fn integer_format(weight: &QTensor) -> Result<Option<Format>> {
+    let Some(format) = Format::of(weight.dtype()) else {
+        return Ok(None);
+    };
+    let (_, k) = weight.shape().dims2()?;
+    Ok((super::int_gemm::available() && k.is_multiple_of(format.block_len())).then_some(format))
 }
 
 /// The weights used for few rows (decode).
@@ -192,18 +232,15 @@ impl Part {
     fn new(weight: QTensor, plan: WeightPlan, device: &Device) -> Result<Self> {
         let weight = Arc::new(weight);
         let dense = plan.dense_prefill && device.is_cpu();
-        let copy = match dense && plan.copy {
-            true => Some(weight.dequantize(device)?),
-            false => None,
-        };
         // Tiles come from the file's own weights, as the copy does: decode's Q8_0 form of
         // Q5_1 would take less memory but moves prefill's numbers off llama.cpp's (taken
         // from a Q8_0 form of Q5_0, a greedy Qwen2.5-Coder reply parted from it at the
         // seventh token).
-        let prefill = match (dense, copy) {
-            (false, _) => None,
-            (true, Some(w)) => Some(Prefill::Copy(w)),
-            (true, None) => Some(Prefill::Tiles(Tiles::new(weight.clone())?)),
+        let prefill = match plan.prefill {
+            _ if !dense => None,
+            PrefillWeights::Copy => Some(Prefill::Copy(weight.dequantize(device)?)),
+            PrefillWeights::Integer => Some(Prefill::Tiles(Tiles::new(weight.clone(), true)?)),
+            PrefillWeights::Tiles => Some(Prefill::Tiles(Tiles::new(weight.clone(), false)?)),
         };
         let quantized = Quantized::new(weight, device)?;
         Ok(Self { quantized, prefill })
@@ -513,15 +550,8 @@ fn stack_rows(mut weights: Vec<QTensor>, device: &Device) -> Result<QTensor> {
 
 /// The engine's own kernels for a CPU weight of a type they read, in rows of whole blocks.
 fn block_matrix(weight: &Arc<QTensor>, device: &Device) -> Result<Option<BlockMatrix>> {
-    let format = match weight.dtype() {
-        GgmlDType::Q4_0 => Format::Q4_0,
-        GgmlDType::Q4_1 => Format::Q4_1,
-        GgmlDType::Q5_0 => Format::Q5_0,
-        GgmlDType::Q8_0 => Format::Q8_0,
-        GgmlDType::Q4K => Format::K(KFormat::Q4K),
-        GgmlDType::Q5K => Format::K(KFormat::Q5K),
-        GgmlDType::Q6K => Format::K(KFormat::Q6K),
-        _ => return Ok(None),
+    let Some(format) = Format::of(weight.dtype()) else {
+        return Ok(None);
     };
     if !device.is_cpu() {
         return Ok(None);
@@ -597,11 +627,15 @@ mod tests {
             QTensor::quantize(&w, dtype).unwrap()
         };
         let parts = [(64, 5, Q5_0), (32, 6, Q5_0), (32, 7, Q8_0)];
-        for rows in [1, 40] {
+        for (rows, prefill) in [
+            (1, PrefillWeights::Integer),
+            (40, PrefillWeights::Integer),
+            (40, PrefillWeights::Tiles),
+        ] {
             let x = Tensor::from_vec(probe_values(rows * k, 8), (rows, k), &device).unwrap();
             let plan = WeightPlan {
                 dense_prefill: true,
-                copy: false,
+                prefill,
             };
             let fused = Linear::fused(
                 parts
@@ -619,7 +653,10 @@ mod tests {
                 let alone = Linear::fused(vec![(make(n, seed, t), None)], plan, &device).unwrap();
                 let want = bits(alone.forward(&x, false).unwrap()).unwrap();
                 let part = bits(got.narrow(1, at, n).unwrap().contiguous().unwrap()).unwrap();
-                assert_eq!(part, want, "{t:?} part at column {at}, {rows} rows");
+                assert_eq!(
+                    part, want,
+                    "{t:?} part at column {at}, {rows} rows, {prefill:?}"
+                );
                 at += n;
             }
         }
@@ -639,15 +676,15 @@ mod tests {
             for (n, k) in [(256, 512), (230, 256)] {
                 let w = Tensor::from_vec(probe_values(n * k, 3), (n, k), &device).unwrap();
                 let x = Tensor::from_vec(probe_values(rows * k, 4), (rows, k), &device).unwrap();
-                let layer = |copy: bool| {
+                let layer = |prefill| {
                     let q = QTensor::quantize(&w, dtype).unwrap();
                     let plan = WeightPlan {
                         dense_prefill: true,
-                        copy,
+                        prefill,
                     };
                     Linear::fused(vec![(q, None)], plan, &device).unwrap()
                 };
-                let tiled = layer(false);
+                let tiled = layer(PrefillWeights::Tiles);
                 let Some(Prefill::Tiles(tiles)) = &tiled.parts[0].prefill else {
                     panic!("{dtype:?}: no tiles")
                 };
@@ -655,7 +692,7 @@ mod tests {
                 let expected = bits(super::super::dense::matmul_t(&x, &whole).unwrap()).unwrap();
                 let got = bits(tiled.forward(&x, false).unwrap()).unwrap();
                 assert_eq!(got, expected, "{dtype:?} ({n}, {k})");
-                let copied = bits(layer(true).forward(&x, false).unwrap()).unwrap();
+                let copied = bits(layer(PrefillWeights::Copy).forward(&x, false).unwrap()).unwrap();
                 assert_eq!(got, copied, "{dtype:?} ({n}, {k}): tiles against the copy");
             }
         }

@@ -7,6 +7,7 @@ mod blocks;
 mod cache_attention;
 mod dense;
 mod gemma3;
+mod int_gemm;
 mod kquants;
 mod linear;
 mod llama;
@@ -19,7 +20,7 @@ mod rowwise;
 mod transformer;
 
 pub use dense::{gemm_n, gemm_t, matmul_t};
-pub use linear::WeightPlan;
+pub use linear::{PrefillWeights, WeightPlan};
 pub use pool::for_chunks;
 pub use transformer::{rope_tables, KvCache, Transformer};
 

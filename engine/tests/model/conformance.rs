@@ -159,13 +159,20 @@ fn greedy_failures(
     failures
 }
 
+/// How far below our first choice llama.cpp's greedy token may be where a reply of the
+/// default model parts from llama.cpp's. Prefill multiplies 8-bit activations in
+/// integers, as llama.cpp's does, but sums each block's products in another order; one
+/// reply parts at its eighth token at a tie of 0.092 logits (with f32 prefill it matched
+/// token for token).
+const SMOLLM2_TIE: f32 = 0.15;
+
 /// Free-running on the default model: the short answers whole, the 1,545-token MemAgent
 /// step on its first 16 tokens (the 5,499-token step, past 4,096 positions, is checked
 /// token by token in the teacher-forced test below, which also runs its long prefill
-/// only once).
+/// only once); up to a near-tie.
 #[test]
 fn greedy_continuations_match_llama_cpp() {
-    let failures = greedy_failures(model(), reference(), None);
+    let failures = greedy_failures(model(), reference(), Some(SMOLLM2_TIE));
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

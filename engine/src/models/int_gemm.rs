@@ -1,0 +1,508 @@
+//! Prefill's `x · wᵀ` in 8-bit integers, on CPUs with AVX-512 VNNI.
+//!
+//! The activations are quantized once per call, each block of 32 to signed bytes with an
+//! f16 scale and the block's sum (decode's Q8_1 rows); each task unpacks its block of
+//! weight rows from the file's own bytes into signed bytes with a scale per block (32
+//! weights, 16 for Q6_K) and, for the formats with one, a min. A block's product is summed
+//! exactly in 32-bit integers (`vpdpbusd`, 64 products per instruction against 16 for an
+//! f32 FMA), then scaled and added in f32:
+//!
+//! ```text
+//! y[i][j] = Σ_b  Σq·qx (as f32) · (scale[j][b] · dx[i][b])  +  min[j][b] · sx[i][b]
+//! ```
+//!
+//! one fused multiply-add after the other in block order. Every output's operations are
+//! the same whatever rows or features share its call, so a row's bits never depend on the
+//! others, and [`reference`] gives them on any CPU.
+
+use std::ops::Range;
+
+use super::blocks::{self, Format};
+use super::kquants::{self, KFormat, QK_K};
+
+/// Activations per quantization block.
+const QK: usize = 32;
+/// Features per group: the i32 lanes of one 512-bit register.
+const LANES: usize = 16;
+/// Features each task unpacks and multiplies: whole pairs of groups.
+const FEATURES_PER_TASK: usize = 64;
+/// Rows of activations per micro-kernel call.
+const ROWS: usize = 4;
+
+/// Whether this CPU runs the integer product (checked once).
+pub(crate) fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static VNNI: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+            is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vnni")
+        });
+        *VNNI
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Rows of activations quantized for the product: bytes offset by 128 (the unsigned
+/// operand of `vpdpbusd`), and per block of 32 the scale and the scaled sum.
+pub(crate) struct Activations {
+    k: usize,
+    q: Vec<u8>,
+    d: Vec<f32>,
+    s: Vec<f32>,
+}
+
+impl Activations {
+    /// `x` (rows, k) row-major, k a multiple of 32.
+    pub(crate) fn quantize(x: &[f32], rows: usize, k: usize) -> Self {
+        assert!(k.is_multiple_of(QK) && x.len() >= rows * k);
+        let blocks = k / QK;
+        let mut acts = Self {
+            k,
+            q: vec![0; rows * k],
+            d: vec![0.0; rows * blocks],
+            s: vec![0.0; rows * blocks],
+        };
+        for (i, row) in x[..rows * k].chunks_exact(k).enumerate() {
+            let q = blocks::quantize_q8_1(row);
+            for (dst, &v) in acts.q[i * k..(i + 1) * k].iter_mut().zip(&q.qs) {
+                *dst = (v as u8) ^ 0x80;
+            }
+            acts.d[i * blocks..(i + 1) * blocks].copy_from_slice(&q.d);
+            acts.s[i * blocks..(i + 1) * blocks].copy_from_slice(&q.s);
+        }
+        acts
+    }
+
+    fn rows(&self) -> usize {
+        self.q.len() / self.k.max(1)
+    }
+}
+
+/// Weight rows unpacked for the product, in groups of [`LANES`] features (zero rows pad
+/// the last group): for each group and each step of 4 along the depth, the 4 bytes of
+/// each feature side by side (the layout `vpdpbusd` multiplies lane by lane); for each
+/// group and block, the features' scales, mins and offsets (128 × the block's byte sum,
+/// what the activations' offset adds).
+struct Unpacked {
+    features: usize,
+    k: usize,
+    block: usize,
+    q: Vec<i8>,
+    scale: Vec<f32>,
+    min: Option<Vec<f32>>,
+    offset: Vec<i32>,
+}
+
+impl Unpacked {
+    /// Groups held: whole pairs.
+    fn groups(&self) -> usize {
+        self.features.div_ceil(2 * LANES) * 2
+    }
+
+    fn blocks(&self) -> usize {
+        self.k / self.block
+    }
+
+    /// Unpacks the rows `features` of a (n, k) weight of `format` held in `bytes`,
+    /// padded to whole pairs of groups.
+    fn new(format: Format, bytes: &[u8], n: usize, k: usize, features: Range<usize>) -> Self {
+        let block = match format {
+            Format::K(KFormat::Q6K) => 16,
+            _ => QK,
+        };
+        let has_min = matches!(
+            format,
+            Format::Q4_1 | Format::K(KFormat::Q4K) | Format::K(KFormat::Q5K)
+        );
+        let blocks = k / block;
+        let steps = k / 4;
+        let groups = features.len().div_ceil(2 * LANES) * 2;
+        let mut u = Self {
+            features: features.len(),
+            k,
+            block,
+            q: vec![0; groups * LANES * k],
+            scale: vec![0.0; groups * blocks * LANES],
+            min: has_min.then(|| vec![0.0; groups * blocks * LANES]),
+            offset: vec![0; groups * blocks * LANES],
+        };
+        let row_bytes = bytes.len() / n;
+        let mut q = vec![0i8; k];
+        let mut scale = vec![0f32; blocks];
+        let mut min = vec![0f32; blocks];
+        for (f, j) in features.enumerate() {
+            let row = &bytes[j * row_bytes..(j + 1) * row_bytes];
+            unpack_row(format, row, &mut q, &mut scale, &mut min);
+            let (g, lane) = (f / LANES, f % LANES);
+            let dst = &mut u.q[g * steps * 4 * LANES..(g + 1) * steps * 4 * LANES];
+            for (s, four) in q.chunks_exact(4).enumerate() {
+                dst[(s * LANES + lane) * 4..(s * LANES + lane) * 4 + 4].copy_from_slice(four);
+            }
+            for b in 0..blocks {
+                let at = (g * blocks + b) * LANES + lane;
+                u.scale[at] = scale[b];
+                let sum: i32 = q[b * block..(b + 1) * block]
+                    .iter()
+                    .map(|&v| i32::from(v))
+                    .sum();
+                u.offset[at] = 128 * sum;
+                if let Some(m) = u.min.as_mut() {
+                    m[at] = min[b];
+                }
+            }
+        }
+        u
+    }
+}
+
+/// One weight row as signed bytes with a scale (and a min) per block, the block of 32 (16
+/// for Q6_K): the weights are `scale · q + min`, as the format dequantizes.
+fn unpack_row(format: Format, row: &[u8], q: &mut [i8], scale: &mut [f32], min: &mut [f32]) {
+    match format {
+        Format::Q4_0 | Format::Q5_0 | Format::Q8_0 => {
+            for (b, block) in row.chunks_exact(format.block_bytes()).enumerate() {
+                let (d, qs) = blocks::signed_block(format, block);
+                q[b * QK..(b + 1) * QK].copy_from_slice(&qs);
+                scale[b] = d;
+            }
+        }
+        Format::Q4_1 => {
+            for (b, block) in row.chunks_exact(format.block_bytes()).enumerate() {
+                scale[b] = blocks::half_at(block, 0);
+                min[b] = blocks::half_at(block, 2);
+                for l in 0..QK / 2 {
+                    q[b * QK + l] = (block[4 + l] & 0x0F) as i8;
+                    q[b * QK + QK / 2 + l] = (block[4 + l] >> 4) as i8;
+                }
+            }
+        }
+        Format::K(kf) => {
+            for (b, block) in row.chunks_exact(kf.block_bytes()).enumerate() {
+                let u = kquants::unpack(kf, block);
+                q[b * QK_K..(b + 1) * QK_K].copy_from_slice(&u.q);
+                match kf {
+                    KFormat::Q6K => {
+                        for (g, &sc) in u.scales.iter().enumerate() {
+                            scale[b * 16 + g] = u.d * f32::from(sc);
+                        }
+                    }
+                    KFormat::Q4K | KFormat::Q5K => {
+                        for j in 0..8 {
+                            scale[b * 8 + j] = u.d * f32::from(u.scales[2 * j]);
+                            min[b * 8 + j] = -(u.dmin * f32::from(u.mins[j]));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `x` (rows, k) times the (n, k) weight of `format` held in `bytes`, transposed: (rows,
+/// n) row-major, on the engine's thread pool. Runs the AVX-512 kernel where the CPU has
+/// it ([`available`]), portable loops otherwise; the bits are the same.
+pub(crate) fn matmul_t(
+    format: Format,
+    bytes: &[u8],
+    n: usize,
+    k: usize,
+    x: &[f32],
+    rows: usize,
+) -> Vec<f32> {
+    product(format, bytes, (n, k), x, rows, available())
+}
+
+/// [`matmul_t`], with the AVX-512 kernel when `fast` (tests run the portable loops
+/// beside it).
+fn product(
+    format: Format,
+    bytes: &[u8],
+    (n, k): (usize, usize),
+    x: &[f32],
+    rows: usize,
+    fast: bool,
+) -> Vec<f32> {
+    let acts = Activations::quantize(x, rows, k);
+    let mut out = vec![0f32; rows * n];
+    if rows == 0 || n == 0 {
+        return out;
+    }
+    let out_ptr = out.as_mut_ptr() as usize;
+    super::pool::for_chunks(n.div_ceil(FEATURES_PER_TASK), |tasks| {
+        for task in tasks {
+            let features = task * FEATURES_PER_TASK..n.min((task + 1) * FEATURES_PER_TASK);
+            let w = Unpacked::new(format, bytes, n, k, features.clone());
+            // SAFETY: each task writes only its own features' columns of the (rows, n)
+            // buffer, which outlives the pool call.
+            unsafe { multiply(&acts, &w, out_ptr as *mut f32, n, features.start, fast) };
+        }
+    });
+    out
+}
+
+/// The product of every row of `acts` with the unpacked features, into the columns from
+/// `j0` of the (rows, n) buffer at `out`.
+///
+/// # Safety
+/// `out` must be a (rows, n) buffer whose columns `j0..j0 + w.features` no one else writes.
+unsafe fn multiply(
+    acts: &Activations,
+    w: &Unpacked,
+    out: *mut f32,
+    n: usize,
+    j0: usize,
+    fast: bool,
+) {
+    let rows = acts.rows();
+    #[cfg(target_arch = "x86_64")]
+    if fast {
+        for pair in 0..w.groups() / 2 {
+            let mut i = 0;
+            while i < rows {
+                let r = ROWS.min(rows - i);
+                // SAFETY: the CPU has the features (`fast`); the rest is the caller's.
+                unsafe {
+                    match (r, w.min.is_some()) {
+                        (4, false) => vnni::tile::<4, false>(acts, i, w, pair, out, n, j0),
+                        (4, true) => vnni::tile::<4, true>(acts, i, w, pair, out, n, j0),
+                        (3, false) => vnni::tile::<3, false>(acts, i, w, pair, out, n, j0),
+                        (3, true) => vnni::tile::<3, true>(acts, i, w, pair, out, n, j0),
+                        (2, false) => vnni::tile::<2, false>(acts, i, w, pair, out, n, j0),
+                        (2, true) => vnni::tile::<2, true>(acts, i, w, pair, out, n, j0),
+                        (_, false) => vnni::tile::<1, false>(acts, i, w, pair, out, n, j0),
+                        (_, true) => vnni::tile::<1, true>(acts, i, w, pair, out, n, j0),
+                    }
+                }
+                i += r;
+            }
+        }
+        return;
+    }
+    let _ = fast;
+    for i in 0..rows {
+        for f in 0..w.features {
+            // SAFETY: the caller's promise.
+            unsafe { *out.add(i * n + j0 + f) = output(acts, i, w, f) };
+        }
+    }
+}
+
+/// One output, in the kernel's order of operations.
+fn output(acts: &Activations, i: usize, w: &Unpacked, f: usize) -> f32 {
+    let (k, blocks, steps) = (w.k, w.blocks(), w.k / 4);
+    let (g, lane) = (f / LANES, f % LANES);
+    let x = &acts.q[i * k..(i + 1) * k];
+    let mut acc = 0f32;
+    for b in 0..blocks {
+        let mut sum = 0i32;
+        for s in b * w.block / 4..(b + 1) * w.block / 4 {
+            for t in 0..4 {
+                let wq = w.q[((g * steps + s) * LANES + lane) * 4 + t];
+                sum += i32::from(x[4 * s + t]) * i32::from(wq);
+            }
+        }
+        let at = (g * blocks + b) * LANES + lane;
+        let a = i * (k / QK) + b * w.block / QK;
+        let isum = sum - w.offset[at];
+        acc = (isum as f32).mul_add(w.scale[at] * acts.d[a], acc);
+        if let Some(min) = &w.min {
+            acc = min[at].mul_add(acts.s[a], acc);
+        }
+    }
+    acc
+}
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use std::arch::x86_64::*;
+
+    use super::{Activations, Unpacked, LANES, QK};
+
+    /// Rows `i0..i0 + R` of `acts` times the features of groups `2 pair` and `2 pair + 1`,
+    /// written to their columns (from `j0 + 32 pair`) of the (rows, n) buffer at `out`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F, BW and VNNI; `i0 + R` rows must exist; `out` as in
+    /// [`super::multiply`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    // The register tile is indexed by row and column, as the product is.
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+    pub(super) unsafe fn tile<const R: usize, const MIN: bool>(
+        acts: &Activations,
+        i0: usize,
+        w: &Unpacked,
+        pair: usize,
+        out: *mut f32,
+        n: usize,
+        j0: usize,
+    ) {
+        let (k, blocks, steps) = (w.k, w.blocks(), w.k / 4);
+        let act_blocks = k / QK;
+        let per_block = w.block / 4;
+        let g = [2 * pair, 2 * pair + 1];
+        // SAFETY: every pointer stays inside its vector: groups < w.groups(), rows
+        // i0 + R <= acts.rows(), steps and blocks within k.
+        unsafe {
+            let wq = g.map(|g| w.q.as_ptr().add(g * steps * 4 * LANES));
+            let x: [*const u8; R] = std::array::from_fn(|r| acts.q.as_ptr().add((i0 + r) * k));
+            let mut acc = [[_mm512_setzero_ps(); 2]; R];
+            for b in 0..blocks {
+                let mut sums = [[_mm512_setzero_si512(); 2]; R];
+                for s in b * per_block..(b + 1) * per_block {
+                    let w0 = _mm512_loadu_si512(wq[0].add(s * 4 * LANES) as *const _);
+                    let w1 = _mm512_loadu_si512(wq[1].add(s * 4 * LANES) as *const _);
+                    for r in 0..R {
+                        let a = _mm512_set1_epi32((x[r].add(4 * s) as *const i32).read_unaligned());
+                        sums[r][0] = _mm512_dpbusd_epi32(sums[r][0], a, w0);
+                        sums[r][1] = _mm512_dpbusd_epi32(sums[r][1], a, w1);
+                    }
+                }
+                let a = b * w.block / QK;
+                for c in 0..2 {
+                    let at = (g[c] * blocks + b) * LANES;
+                    let scale = _mm512_loadu_ps(w.scale.as_ptr().add(at));
+                    let offset = _mm512_loadu_si512(w.offset.as_ptr().add(at) as *const _);
+                    for r in 0..R {
+                        let row = (i0 + r) * act_blocks + a;
+                        let isum = _mm512_cvtepi32_ps(_mm512_sub_epi32(sums[r][c], offset));
+                        let ds = _mm512_mul_ps(scale, _mm512_set1_ps(*acts.d.get_unchecked(row)));
+                        acc[r][c] = _mm512_fmadd_ps(isum, ds, acc[r][c]);
+                        if MIN {
+                            let min =
+                                _mm512_loadu_ps(w.min.as_ref().unwrap_unchecked().as_ptr().add(at));
+                            acc[r][c] = _mm512_fmadd_ps(
+                                min,
+                                _mm512_set1_ps(*acts.s.get_unchecked(row)),
+                                acc[r][c],
+                            );
+                        }
+                    }
+                }
+            }
+            for c in 0..2 {
+                let first = (2 * pair + c) * LANES;
+                if first >= w.features {
+                    break;
+                }
+                let valid = (w.features - first).min(LANES);
+                let mask: __mmask16 = if valid == LANES {
+                    !0
+                } else {
+                    (1u16 << valid) - 1
+                };
+                for r in 0..R {
+                    _mm512_mask_storeu_ps(out.add((i0 + r) * n + j0 + first), mask, acc[r][c]);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::quantized::{GgmlDType, QTensor};
+    use candle_core::{Device, Tensor};
+
+    use super::*;
+    use crate::models::linear::probe_values;
+
+    const TYPES: [GgmlDType; 7] = [
+        GgmlDType::Q4_0,
+        GgmlDType::Q4_1,
+        GgmlDType::Q5_0,
+        GgmlDType::Q8_0,
+        GgmlDType::Q4K,
+        GgmlDType::Q5K,
+        GgmlDType::Q6K,
+    ];
+
+    /// A random (n, k) weight of `dtype`: its bytes and its dequantized values.
+    fn weight(dtype: GgmlDType, n: usize, k: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
+        let w = Tensor::from_vec(probe_values(n * k, seed), (n, k), &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&w, dtype).unwrap();
+        let dense = q.dequantize(&Device::Cpu).unwrap();
+        (
+            q.data().unwrap().to_vec(),
+            dense.flatten_all().unwrap().to_vec1().unwrap(),
+        )
+    }
+
+    /// Every output is the dequantized weights times the activations as their 8-bit blocks
+    /// give them back, within 1e-3 of the sum of the terms' magnitudes (what the f16 sums
+    /// of the min formats and f32 rounding leave), and near the product with the
+    /// activations unrounded.
+    #[test]
+    fn products_equal_the_dequantized_weights_times_the_rounded_activations() {
+        let (rows, n, k) = (7, 100, 512);
+        let x = probe_values(rows * k, 11);
+        for dtype in TYPES {
+            let format = Format::of(dtype).unwrap();
+            let (bytes, w) = weight(dtype, n, k, 12);
+            let got = matmul_t(format, &bytes, n, k, &x, rows);
+            let rounded: Vec<f32> = x
+                .chunks_exact(k)
+                .flat_map(|row| {
+                    let q = blocks::quantize_q8_1(row);
+                    q.qs.iter()
+                        .enumerate()
+                        .map(|(c, &v)| q.d[c / QK] * f32::from(v))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            for i in 0..rows {
+                for j in 0..n {
+                    let terms = |x: &[f32]| {
+                        let (mut sum, mut size) = (0f64, 0f64);
+                        for c in 0..k {
+                            let t = f64::from(w[j * k + c]) * f64::from(x[i * k + c]);
+                            sum += t;
+                            size += t.abs();
+                        }
+                        (sum, size)
+                    };
+                    let v = f64::from(got[i * n + j]);
+                    let (want, size) = terms(&rounded);
+                    assert!(
+                        (v - want).abs() <= 1e-3 * size,
+                        "{dtype:?} ({i}, {j}): {v} against {want} (terms {size})"
+                    );
+                    let (exact, size) = terms(&x);
+                    assert!(
+                        (v - exact).abs() <= 2e-2 * size,
+                        "{dtype:?} ({i}, {j}): {v} against {exact} unrounded"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A row's outputs have the same bits whether it is multiplied alone or among up to
+    /// fifteen others, and the same as the portable loops'.
+    #[test]
+    fn each_row_has_its_bits_alone_and_on_every_cpu() {
+        let (n, k) = (80, 512);
+        let x = probe_values(15 * k, 21);
+        for dtype in TYPES {
+            let format = Format::of(dtype).unwrap();
+            let (bytes, _) = weight(dtype, n, k, 22);
+            let all = matmul_t(format, &bytes, n, k, &x, 15);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&all),
+                bits(&product(format, &bytes, (n, k), &x, 15, false)),
+                "{dtype:?}: kernel against the portable loops (AVX-512 VNNI: {})",
+                available()
+            );
+            for rows in 1..15 {
+                let some = matmul_t(format, &bytes, n, k, &x[..rows * k], rows);
+                assert_eq!(
+                    bits(&some),
+                    bits(&all[..rows * n]),
+                    "{dtype:?}, {rows} rows"
+                );
+            }
+        }
+    }
+}
