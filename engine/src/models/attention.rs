@@ -81,6 +81,9 @@ fn blocked_attention(
     offset: usize,
     window: usize,
 ) -> Result<Tensor> {
+    if q.device().is_cpu() {
+        return blocked_attention_cpu(q, k, v, offset, window);
+    }
     let (b, n_head, t, d) = q.dims4()?;
     let n_kv = k.dim(1)?;
     let group = n_head / n_kv;
@@ -127,6 +130,117 @@ fn blocked_attention(
         Tensor::cat(&outputs, 3)?
     };
     Ok(out.reshape((b, n_head, t, d))?)
+}
+
+/// [`blocked_attention`] on the CPU: each (sequence, key/value head, block of queries) is
+/// a task on the engine's pool that runs the matmul path's products as single-threaded
+/// GEMMs of the same shapes and strides (so the same bits), the blocks that see the most
+/// keys handed out first. The matmuls ran one after another on candle's rayon pool while
+/// the engine's pool spun beside it.
+fn blocked_attention_cpu(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    offset: usize,
+    window: usize,
+) -> Result<Tensor> {
+    let (b, n_head, t, d) = q.dims4()?;
+    let n_kv = k.dim(1)?;
+    let group = n_head / n_kv;
+    let scale = 1.0 / (d as f32).sqrt();
+    let block = query_block(b, n_head, t, offset);
+    let q = q.contiguous()?;
+    let (q_storage, q_layout) = q.storage_and_layout();
+    let (k_storage, k_layout) = k.storage_and_layout();
+    let (v_storage, v_layout) = v.storage_and_layout();
+    let (
+        candle_core::Storage::Cpu(CpuStorage::F32(qs)),
+        candle_core::Storage::Cpu(CpuStorage::F32(ks)),
+        candle_core::Storage::Cpu(CpuStorage::F32(vs)),
+    ) = (&*q_storage, &*k_storage, &*v_storage)
+    else {
+        return Err(
+            candle_core::Error::Msg("attention expects f32 tensors on the CPU".into()).into(),
+        );
+    };
+    let qs = &qs[q_layout.start_offset()..];
+    let (k_at, k_strides) = (k_layout.start_offset(), k_layout.stride());
+    let (v_at, v_strides) = (v_layout.start_offset(), v_layout.stride());
+    let blocks = t.div_ceil(block);
+    let heads = b * n_kv;
+    let mut out = vec![0f32; b * n_head * t * d];
+    let out_ptr = out.as_mut_ptr() as usize;
+    super::pool::for_chunks(heads * blocks, |tasks| {
+        for task in tasks {
+            let (blk, bh) = (blocks - 1 - task / heads, task % heads);
+            let (bi, h) = (bh / n_kv, bh % n_kv);
+            let start = blk * block;
+            let len = block.min(t - start);
+            let first = offset + start;
+            let from = (first + 1).saturating_sub(window);
+            let keys = first + len - from;
+            let m = group * len;
+            // The group's query rows of this block, (group, len) row by row.
+            let rows = |g: usize| (bh * group + g) * t + start;
+            let mut lhs = vec![0f32; m * d];
+            for g in 0..group {
+                let at = rows(g) * d;
+                lhs[g * len * d..(g + 1) * len * d].copy_from_slice(&qs[at..at + len * d]);
+            }
+            let cache = |strides: &[usize], at: usize| {
+                at + bi * strides[0] + h * strides[1] + from * strides[2]
+            };
+            let mut scores = vec![0f32; m * keys];
+            // SAFETY: the key rows from..from + keys of head h lie inside k's storage
+            // (its layout's shape), as the output and query buffers hold m rows.
+            unsafe {
+                super::dense::gemm_single(
+                    (m, keys, d),
+                    (scores.as_mut_ptr(), keys as isize),
+                    (lhs.as_ptr(), d as isize, 1),
+                    (
+                        ks.as_ptr().add(cache(k_strides, k_at)),
+                        k_strides[3] as isize,
+                        k_strides[2] as isize,
+                    ),
+                )
+            };
+            CausalSoftmax {
+                scale,
+                first: first - from,
+                len,
+                window,
+            }
+            .run(&mut scores, keys);
+            let mut sums = vec![0f32; m * d];
+            // SAFETY: as above, for v's rows.
+            unsafe {
+                super::dense::gemm_single(
+                    (m, d, keys),
+                    (sums.as_mut_ptr(), d as isize),
+                    (scores.as_ptr(), keys as isize, 1),
+                    (
+                        vs.as_ptr().add(cache(v_strides, v_at)),
+                        v_strides[2] as isize,
+                        v_strides[3] as isize,
+                    ),
+                )
+            };
+            for g in 0..group {
+                // SAFETY: each task writes its own (sequence, head, block) rows of the
+                // (b, n_head, t, d) buffer, which outlives the pool call.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        sums.as_ptr().add(g * len * d),
+                        (out_ptr as *mut f32).add(rows(g) * d),
+                        len * d,
+                    )
+                };
+            }
+        }
+    });
+    drop((q_storage, k_storage, v_storage));
+    Ok(Tensor::from_vec(out, (b, n_head, t, d), q.device())?)
 }
 
 /// Softmax over the last dimension of scores laid out as rows of `len` queries (repeated

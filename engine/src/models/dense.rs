@@ -120,20 +120,43 @@ unsafe fn block_gemm(
 ) {
     // SAFETY: the caller's promise.
     unsafe {
+        gemm_single(
+            (rows, features.len(), k),
+            ((out as *mut f32).add(features.start), n as isize),
+            (x as *const f32, k as isize, 1),
+            (rhs, depth_stride, column_stride),
+        )
+    }
+}
+
+/// A single-threaded GEMM (candle's, as its matmul calls it): `dst` (m, n), rows
+/// `dst_row` apart, = `lhs` (m, depth) times `rhs` (depth, n), each operand given as its
+/// pointer, row stride and column stride in elements.
+///
+/// # Safety
+/// Every element so addressed must be valid, and `dst`'s writable.
+pub(crate) unsafe fn gemm_single(
+    (m, n, depth): (usize, usize, usize),
+    (dst, dst_row): (*mut f32, isize),
+    (lhs, lhs_row, lhs_col): (*const f32, isize, isize),
+    (rhs, rhs_row, rhs_col): (*const f32, isize, isize),
+) {
+    // SAFETY: the caller's promise.
+    unsafe {
         gemm(
-            rows,
-            features.len(),
-            k,
-            (out as *mut f32).add(features.start),
+            m,
+            n,
+            depth,
+            dst,
             1,
-            n as isize,
+            dst_row,
             false,
-            x as *const f32,
-            1,
-            k as isize,
+            lhs,
+            lhs_col,
+            lhs_row,
             rhs,
-            column_stride,
-            depth_stride,
+            rhs_col,
+            rhs_row,
             0.0,
             1.0,
             false,
