@@ -327,7 +327,6 @@ pub(crate) mod avx2 {
             let mut acc = _mm256_setzero_ps();
             let mut summs = 0f32;
             let low = _mm256_set1_epi8(0x0F);
-            let ones = _mm256_set1_epi16(1);
             for (b, block) in w.chunks_exact(BLOCK_BYTES).enumerate() {
                 let d = half_at(block, 0) * x.d[b];
                 summs += half_at(block, 2) * x.s[b];
@@ -335,8 +334,7 @@ pub(crate) mod avx2 {
                 let nibbles = _mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed);
                 let wq = _mm256_and_si256(nibbles, low);
                 let xq = _mm256_loadu_si256(x.qs.as_ptr().add(b * QK) as *const __m256i);
-                let pairs = _mm256_maddubs_epi16(wq, xq);
-                let sums = _mm256_madd_epi16(pairs, ones);
+                let sums = sum4(wq, xq);
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sums), acc);
             }
             hsum(acc) + summs
@@ -477,16 +475,62 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// Eight sums of four products of signed bytes, as floats (llama.cpp's
-    /// `mul_sum_i8_pairs_float`).
+    /// Eight sums of four products of unsigned bytes `u` and signed bytes `s` (lane i: bytes
+    /// 4i to 4i + 3): one `vpdpbusd` where the build has AVX-512 VNNI, else llama.cpp's
+    /// pairs of 16-bit sums. The same integers either way: a pair's sum stays under 2^15
+    /// (u at most 128, |s| at most 127).
     #[inline(always)]
-    fn mul_sum_i8(w: __m256i, x: __m256i) -> __m256 {
-        // SAFETY: AVX2 is compiled in (this module exists only then).
+    fn sum4(u: __m256i, s: __m256i) -> __m256i {
+        // SAFETY: the features are compiled in (this module exists only with AVX2).
         unsafe {
-            let ax = _mm256_sign_epi8(w, w);
-            let sy = _mm256_sign_epi8(x, w);
-            let pairs = _mm256_maddubs_epi16(ax, sy);
-            _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+            #[cfg(x86_vnni)]
+            return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+            #[cfg(not(x86_vnni))]
+            return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+        }
+    }
+
+    /// A block's signed weights, ready for sums of four products with rows of signed
+    /// activations (llama.cpp's `mul_sum_i8_pairs`): with VNNI, the activations are offset
+    /// to unsigned bytes and each lane starts at -128 × its four weights; without, the
+    /// weights' magnitudes meet the activations carrying the weights' signs. The same
+    /// integers either way, so the same bits.
+    struct SignedWeights {
+        w: __m256i,
+        /// VNNI: -128 × each lane's four weights. AVX2: the weights' magnitudes.
+        prepared: __m256i,
+    }
+
+    impl SignedWeights {
+        #[inline(always)]
+        fn new(w: __m256i) -> Self {
+            // SAFETY: the features are compiled in (this module exists only with AVX2).
+            unsafe {
+                #[cfg(x86_vnni)]
+                let prepared = _mm256_sub_epi32(
+                    _mm256_setzero_si256(),
+                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(-128), w),
+                );
+                #[cfg(not(x86_vnni))]
+                let prepared = _mm256_sign_epi8(w, w);
+                Self { w, prepared }
+            }
+        }
+
+        /// Eight sums of four products with the signed bytes `x`.
+        #[inline(always)]
+        fn sum4(&self, x: __m256i) -> __m256i {
+            // SAFETY: as in `new`.
+            unsafe {
+                #[cfg(x86_vnni)]
+                return _mm256_dpbusd_epi32(
+                    self.prepared,
+                    _mm256_xor_si256(x, _mm256_set1_epi8(-128)),
+                    self.w,
+                );
+                #[cfg(not(x86_vnni))]
+                return sum4(self.prepared, _mm256_sign_epi8(x, self.w));
+            }
         }
     }
 
@@ -563,10 +607,11 @@ pub(crate) mod avx2 {
             for (b, block) in w.chunks_exact(signed_block_bytes(F)).enumerate() {
                 let wd = half_at(block, 0);
                 let wq = signed_bytes::<F>(block);
+                let signed = SignedWeights::new(wq);
                 for r in 0..N {
                     let x = xs[r];
                     let xq = _mm256_loadu_si256(x.qs.as_ptr().add(b * QK) as *const __m256i);
-                    let q = mul_sum_i8(wq, xq);
+                    let q = _mm256_cvtepi32_ps(signed.sum4(xq));
                     acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(wd * x.d[b]), q, acc[r]);
                 }
             }
@@ -586,7 +631,6 @@ pub(crate) mod avx2 {
             let mut acc = [_mm256_setzero_ps(); N];
             let mut summs = [0f32; N];
             let low = _mm256_set1_epi8(0x0F);
-            let ones = _mm256_set1_epi16(1);
             for (b, block) in w.chunks_exact(BLOCK_BYTES).enumerate() {
                 let (wd, wm) = (half_at(block, 0), half_at(block, 2));
                 let packed = _mm_loadu_si128(block.as_ptr().add(4) as *const __m128i);
@@ -597,13 +641,70 @@ pub(crate) mod avx2 {
                     let d = wd * x.d[b];
                     summs[r] += wm * x.s[b];
                     let xq = _mm256_loadu_si256(x.qs.as_ptr().add(b * QK) as *const __m256i);
-                    let pairs = _mm256_maddubs_epi16(wq, xq);
-                    let sums = _mm256_madd_epi16(pairs, ones);
+                    let sums = sum4(wq, xq);
                     acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sums), acc[r]);
                 }
             }
             for r in 0..N {
                 out[r] = hsum(acc[r]) + summs[r];
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        /// Each lane is exactly the sum of its four byte products, at the bytes' extremes
+        /// too: the VNNI and AVX2 builds get the same integers, so the same bits.
+        #[test]
+        fn lanes_are_exact_sums_of_four_products() {
+            let mut seed = 31u32;
+            let mut byte = || {
+                seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (seed >> 24) as u8
+            };
+            for round in 0..200 {
+                let mut w = [0i8; 32];
+                let mut x = [0i8; 32];
+                let mut u = [0u8; 32];
+                for i in 0..32 {
+                    w[i] = match round {
+                        0 => -128,
+                        1 => 127,
+                        _ => byte() as i8,
+                    };
+                    // Activations are rounded to -127..=127.
+                    x[i] = (byte() as i8).max(-127);
+                    u[i] = match round {
+                        0 => 128,
+                        _ => byte() % 129,
+                    };
+                }
+                // SAFETY: AVX2 is compiled in; the loads and stores are 32 bytes.
+                let (signed, unsigned) = unsafe {
+                    let load = |p: *const i8| _mm256_loadu_si256(p as *const __m256i);
+                    let (wv, xv) = (load(w.as_ptr()), load(x.as_ptr()));
+                    let mut out = [[0i32; 8]; 2];
+                    let sums = [
+                        SignedWeights::new(wv).sum4(xv),
+                        sum4(load(u.as_ptr() as *const i8), xv),
+                    ];
+                    for (o, v) in out.iter_mut().zip(sums) {
+                        _mm256_storeu_si256(o.as_mut_ptr() as *mut __m256i, v);
+                    }
+                    (out[0], out[1])
+                };
+                for lane in 0..8 {
+                    let four = 4 * lane..4 * lane + 4;
+                    let want: i32 = four
+                        .clone()
+                        .map(|i| i32::from(w[i]) * i32::from(x[i]))
+                        .sum();
+                    assert_eq!(signed[lane], want, "signed, round {round}, lane {lane}");
+                    let want: i32 = four.map(|i| i32::from(u[i]) * i32::from(x[i])).sum();
+                    assert_eq!(unsigned[lane], want, "unsigned, round {round}, lane {lane}");
+                }
             }
         }
     }
