@@ -44,7 +44,8 @@ pub use model::{
     StopReason, WeightPlan, DEFAULT_DRAFT_TOKENS,
 };
 pub use models::{
-    for_chunks, gemm_n, gemm_t, matmul_t, rope_tables, Architecture, Config, KvCache, Transformer,
+    for_chunks, gemm_n, gemm_t, integer_prefill_types, matmul_t, rope_tables, Architecture, Config,
+    KvCache, Transformer,
 };
 pub use sampling::{argmax, SamplingParams};
 pub use tokenizer::Tokenizer;

@@ -86,7 +86,7 @@ pub fn adapter_choice(global: &Settings) -> AdapterChoice {
 
 /// Whether prefill keeps an f32 copy of the weights: $MEMAGENT_PREFILL_WEIGHTS=copy, for
 /// comparing with the default `tiles` (blocks dequantized inside the GEMM).
-fn prefill_weights() -> Result<PrefillWeights> {
+pub(crate) fn prefill_weights() -> Result<PrefillWeights> {
     match std::env::var("MEMAGENT_PREFILL_WEIGHTS").ok().as_deref() {
         None | Some("") | Some("integer") => Ok(PrefillWeights::Integer),
         Some("tiles") => Ok(PrefillWeights::Tiles),

@@ -30,6 +30,47 @@ fn answer_templates() -> Vec<memagent_engine::agent::Template> {
     ]
 }
 
+/// How prefill multiplies this file's weights on this CPU, in words, and the file's types
+/// it multiplies in 8-bit integers.
+fn prefill_path(info: &ModelInfo) -> Result<(String, Vec<String>)> {
+    use memagent_engine::PrefillWeights;
+    let capable = memagent_engine::integer_prefill_types();
+    let integer: Vec<String> = info
+        .quantization
+        .iter()
+        .map(|(t, _)| t.clone())
+        .filter(|t| capable.contains(t))
+        .collect();
+    let chosen = super::prefill_weights()?;
+    let said = match chosen {
+        PrefillWeights::Copy => {
+            "f32 GEMM on an f32 copy of the weights (MEMAGENT_PREFILL_WEIGHTS=copy)".to_string()
+        }
+        PrefillWeights::Tiles => {
+            "f32 GEMM on blocks of dequantized weights (MEMAGENT_PREFILL_WEIGHTS=tiles)".to_string()
+        }
+        PrefillWeights::Integer if capable.is_empty() => {
+            "f32 GEMM on blocks of dequantized weights (this CPU has no AVX-512 VNNI for the \
+             8-bit integer products)"
+                .to_string()
+        }
+        PrefillWeights::Integer if integer.is_empty() => {
+            "f32 GEMM on blocks of dequantized weights (no tensor of a type the 8-bit integer \
+             products take)"
+                .to_string()
+        }
+        PrefillWeights::Integer => format!(
+            "8-bit integer products (AVX-512 VNNI) for its {} weights, f32 GEMM for other types",
+            integer.join(", ")
+        ),
+    };
+    let integer = match chosen {
+        PrefillWeights::Integer => integer,
+        _ => Vec::new(),
+    };
+    Ok((said, integer))
+}
+
 pub fn info(global: &Settings, json: bool) -> Result<()> {
     let path = global.model_path()?;
     let info = ModelInfo::read(&path)?;
@@ -59,10 +100,13 @@ pub fn info(global: &Settings, json: bool) -> Result<()> {
         }
         None => None,
     };
+    let (prefill, integer_types) = prefill_path(&info)?;
     let mut out = std::io::stdout().lock();
     if json {
         let mut value = serde_json::to_value(&info)?;
         value["sha256"] = sha256.into();
+        value["prefill"] = prefill.into();
+        value["prefill_integer_types"] = integer_types.into();
         value["adapter"] = adapter.unwrap_or(serde_json::Value::Null);
         value["quantization"] = serde_json::json!(info
             .quantization
@@ -100,6 +144,7 @@ pub fn info(global: &Settings, json: bool) -> Result<()> {
         [] => writeln!(out, "supported:      yes")?,
         reasons => writeln!(out, "supported:      no: {}", reasons.join("; "))?,
     }
+    writeln!(out, "prefill:        {prefill}")?;
     match &adapter {
         Some(a) => writeln!(
             out,

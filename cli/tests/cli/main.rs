@@ -112,6 +112,20 @@ fn model_info_describes_the_default_model() {
     assert_eq!(v["adapter"]["writer"], "lines", "{v:#}");
     let text = stdout(&with_model(&["model", "info"]));
     assert!(text.contains("Q4_1"), "{text}");
+    // Prefill's path on this CPU: the file's Q4_1 projections in 8-bit integers where
+    // the CPU has AVX-512 VNNI, f32 otherwise; the text says which.
+    let integer = v["prefill_integer_types"].as_array().unwrap();
+    let prefill = v["prefill"].as_str().unwrap();
+    if integer.is_empty() {
+        assert!(prefill.starts_with("f32 GEMM"), "{prefill}");
+    } else {
+        assert!(integer.contains(&"Q4_1".into()), "{v:#}");
+        assert!(prefill.starts_with("8-bit integer products"), "{prefill}");
+    }
+    assert!(
+        text.contains(&format!("prefill:        {prefill}")),
+        "{text}"
+    );
     assert!(text.contains("writer lines, base matches"), "{text}");
     // The shipped adapter learned memory steps and memory-only final answers, not
     // answers from passages: those run the base model.

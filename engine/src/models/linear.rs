@@ -160,6 +160,23 @@ impl candle_core::CustomOp1 for Tiles {
     }
 }
 
+/// The tensor types (named as [`GgmlDType`]'s `Debug` form, as `memctl model info` lists a
+/// file's types) that prefill multiplies in 8-bit integers on this CPU: none where it
+/// lacks AVX-512 VNNI.
+pub fn integer_prefill_types() -> Vec<String> {
+    use GgmlDType::*;
+    if !super::int_gemm::available() {
+        return Vec::new();
+    }
+    [
+        F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2K, Q3K, Q4K, Q5K, Q6K, Q8K,
+    ]
+    .into_iter()
+    .filter(|&t| Format::of(t).is_some())
+    .map(|t| format!("{t:?}"))
+    .collect()
+}
+
 /// The block format of a weight the integer product takes on this CPU, if any: whole
 /// blocks per row, and a CPU with AVX-512 VNNI.
 fn integer_format(weight: &QTensor) -> Result<Option<Format>> {
