@@ -27,6 +27,7 @@ const LANES: usize = 16;
 /// Features each task unpacks and multiplies: whole pairs of groups.
 const FEATURES_PER_TASK: usize = 64;
 /// Rows of activations per micro-kernel call.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const ROWS: usize = 4;
 
 /// Whether this CPU runs the integer product (checked once).
@@ -97,6 +98,7 @@ struct Unpacked {
 
 impl Unpacked {
     /// Groups held: whole pairs.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn groups(&self) -> usize {
         self.features.div_ceil(2 * LANES) * 2
     }
