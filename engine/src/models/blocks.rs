@@ -139,22 +139,29 @@ impl BlockMatrix {
 pub(crate) fn quantize_q8_1(x: &[f32]) -> Q8_1Row {
     let blocks = x.len() / QK;
     let mut row = Q8_1Row {
-        d: Vec::with_capacity(blocks),
-        s: Vec::with_capacity(blocks),
+        d: vec![0.0; blocks],
+        s: vec![0.0; blocks],
         qs: vec![0; x.len()],
     };
-    for (xs, qs) in x.chunks_exact(QK).zip(row.qs.chunks_exact_mut(QK)) {
+    quantize_q8_1_into(x, &mut row.qs, &mut row.d, &mut row.s);
+    row
+}
+
+/// [`quantize_q8_1`] into the caller's buffers: `qs` as long as `x`, a scale `d` and a
+/// scaled sum `s` per block of 32.
+pub(crate) fn quantize_q8_1_into(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    let blocks = x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK));
+    for ((xs, qs), (d, s)) in blocks.zip(d.iter_mut().zip(s.iter_mut())) {
         let xs: &[f32; QK] = xs.try_into().expect("a whole block");
         let qs: &mut [i8; QK] = qs.try_into().expect("a whole block");
         #[cfg(x86_avx2)]
         // SAFETY: the features are compiled in.
-        let (d, sum) = unsafe { avx2::quantize_block(xs, qs) };
+        let (scale, sum) = unsafe { avx2::quantize_block(xs, qs) };
         #[cfg(not(x86_avx2))]
-        let (d, sum) = quantize_block(xs, qs);
-        row.d.push(f16::from_f32(d).to_f32());
-        row.s.push(f16::from_f32(d * sum as f32).to_f32());
+        let (scale, sum) = quantize_block(xs, qs);
+        *d = f16::from_f32(scale).to_f32();
+        *s = f16::from_f32(scale * sum as f32).to_f32();
     }
-    row
 }
 
 /// One block of 32 activations as bytes: the scale d (largest magnitude / 127) and the

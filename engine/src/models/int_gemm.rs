@@ -58,20 +58,21 @@ impl Activations {
     /// `x` (rows, k) row-major, k a multiple of 32.
     pub(crate) fn quantize(x: &[f32], rows: usize, k: usize) -> Self {
         assert!(k.is_multiple_of(QK) && x.len() >= rows * k);
-        let blocks = k / QK;
+        let blocks = rows * k / QK;
         let mut acts = Self {
             k,
             q: vec![0; rows * k],
-            d: vec![0.0; rows * blocks],
-            s: vec![0.0; rows * blocks],
+            d: vec![0.0; blocks],
+            s: vec![0.0; blocks],
         };
-        for (i, row) in x[..rows * k].chunks_exact(k).enumerate() {
-            let q = blocks::quantize_q8_1(row);
-            for (dst, &v) in acts.q[i * k..(i + 1) * k].iter_mut().zip(&q.qs) {
-                *dst = (v as u8) ^ 0x80;
-            }
-            acts.d[i * blocks..(i + 1) * blocks].copy_from_slice(&q.d);
-            acts.s[i * blocks..(i + 1) * blocks].copy_from_slice(&q.s);
+        {
+            // SAFETY: i8 and u8 have the same size and alignment, and any byte is both.
+            let signed: &mut [i8] =
+                unsafe { std::slice::from_raw_parts_mut(acts.q.as_mut_ptr().cast(), acts.q.len()) };
+            blocks::quantize_q8_1_into(&x[..rows * k], signed, &mut acts.d, &mut acts.s);
+        }
+        for v in &mut acts.q {
+            *v ^= 0x80;
         }
         acts
     }
