@@ -33,7 +33,7 @@ pub use attention::{causal_attention, reference_attention};
 pub use data::TaskData;
 pub use error::{Error, Result};
 pub use lora::{Adapters, Lora, LoraConfig, Target, ALL_TARGETS};
-pub use loss::{correct_tokens, weighted_nll};
+pub use loss::{correct_tokens, weighted_nll, weighted_nll_composed};
 pub use model::TrainModel;
 pub use optim::{clip_grad_norm, learning_rate, AdamW, AdamWConfig};
 pub use plot::loss_curve;

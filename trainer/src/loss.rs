@@ -6,8 +6,25 @@ use candle_core::{Tensor, D};
 
 use crate::error::Result;
 
-/// Σ_t w_t · (−log p(target_t)) / `normalizer`, from `logits` (n, vocab).
+/// Σ_t w_t · (−log p(target_t)) / `normalizer`, from `logits` (n, vocab); each row's
+/// log-probability in one fused pass on the CPU.
 pub fn weighted_nll(
+    logits: &Tensor,
+    targets: &[u32],
+    weights: &[f32],
+    normalizer: f64,
+) -> Result<Tensor> {
+    if !logits.device().is_cpu() || logits.dtype() != candle_core::DType::F32 {
+        return weighted_nll_composed(logits, targets, weights, normalizer);
+    }
+    let nll = crate::ops::nll_rows(logits, targets)?;
+    let w = Tensor::from_slice(weights, targets.len(), logits.device())?;
+    Ok(((nll * w)?.sum_all()? * (1.0 / normalizer))?)
+}
+
+/// [`weighted_nll`] from candle's log-softmax and gather (off the CPU, and the reference
+/// the fused pass is compared with).
+pub fn weighted_nll_composed(
     logits: &Tensor,
     targets: &[u32],
     weights: &[f32],

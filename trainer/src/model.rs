@@ -1,26 +1,47 @@
-//! The base model for training: a GGUF file's weights dequantized to f32 and frozen,
-//! LoRA adapters on the chosen projections, and a forward pass that returns logits only
-//! where a loss is taken (the vocabulary projection is a fifth of the model's work).
+//! The base model for training: a GGUF file's weights frozen (dequantized to f32, and in
+//! their own blocks for the integer products prefill runs), LoRA adapters on the chosen
+//! projections, and a forward pass that returns logits only where a loss is taken (the
+//! vocabulary projection is a fifth of the model's work).
 
 use std::path::Path;
 
+use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
 use memagent_engine::{rope_tables, Architecture, Config, GgufFile};
 
 use crate::error::{Error, Result};
 use crate::lora::{Adapters, LoraConfig, Target};
-use crate::ops::{rms_norm, rms_norm_composed, rope, swiglu, Frozen};
+use crate::ops::{rms_norm, rms_norm_composed, rope, swiglu, Frozen, Integer};
 
+/// A block's frozen weights, one product each: stacking q, k, v (or gate and up) into one
+/// product costs more in the backward pass, where each slice's gradient is padded to the
+/// stack's width and summed, than it saves forward.
 struct Block {
     attn_norm: Tensor,
-    /// q, k, v stacked along the output dimension.
-    wqkv: Frozen,
-    bqkv: Option<Tensor>,
+    wq: Frozen,
+    wk: Frozen,
+    wv: Frozen,
+    /// q, k, v biases (qwen2).
+    bias: Option<[Tensor; 3]>,
     wo: Frozen,
     ffn_norm: Tensor,
-    /// gate, up stacked.
-    w_gate_up: Frozen,
+    w_gate: Frozen,
+    w_up: Frozen,
     w_down: Frozen,
+}
+
+impl Block {
+    fn frozen_mut(&mut self) -> [&mut Frozen; 7] {
+        [
+            &mut self.wq,
+            &mut self.wk,
+            &mut self.wv,
+            &mut self.wo,
+            &mut self.w_gate,
+            &mut self.w_up,
+            &mut self.w_down,
+        ]
+    }
 }
 
 /// A model being trained.
@@ -40,8 +61,16 @@ pub struct TrainModel {
 }
 
 impl TrainModel {
-    /// Loads `path` (llama or qwen2 GGUF) and makes fresh adapters from `seed`.
+    /// Loads `path` (llama or qwen2 GGUF) and makes fresh adapters from `seed`; the frozen
+    /// products run in 8-bit integers where this CPU runs them at speed (AVX-512 VNNI),
+    /// as prefill's do.
     pub fn load(path: &Path, lora: LoraConfig, seed: u64) -> Result<Self> {
+        Self::load_with(path, lora, seed, memagent_engine::integer_products_fast())
+    }
+
+    /// [`TrainModel::load`], with the frozen products in integers where `integer` (and the
+    /// weight's type has them), in f32 otherwise.
+    pub fn load_with(path: &Path, lora: LoraConfig, seed: u64, integer: bool) -> Result<Self> {
         let dev = Device::Cpu;
         let mut gguf = GgufFile::open(path)?;
         let config = Config::from_gguf(&gguf)?;
@@ -55,40 +84,45 @@ impl TrainModel {
             )));
         }
         let tied = !gguf.has_tensor("output.weight");
-        let mut dense =
-            |name: &str| -> Result<Tensor> { Ok(gguf.tensor(name, &dev)?.dequantize(&dev)?) };
-        let embed = dense("token_embd.weight")?;
-        let lm_head = if tied {
-            embed.clone()
-        } else {
-            dense("output.weight")?
+        let mut quantized = |name: &str| -> Result<QTensor> { Ok(gguf.tensor(name, &dev)?) };
+        // A weight dequantized, with its integer products.
+        let frozen = |q: &QTensor| -> Result<Frozen> {
+            let w = q.dequantize(&dev)?;
+            let products = if integer { Integer::new(q, &w)? } else { None };
+            Ok(Frozen::with_integer(w, products))
         };
-        let norm = dense("output_norm.weight")?;
+        let token_embd = quantized("token_embd.weight")?;
+        let (embed, lm_head) = if tied {
+            let head = frozen(&token_embd)?;
+            (head.weight().clone(), head)
+        } else {
+            let head = frozen(&quantized("output.weight")?)?;
+            (token_embd.dequantize(&dev)?, head)
+        };
+        let norm = quantized("output_norm.weight")?.dequantize(&dev)?;
         let mut blocks = Vec::with_capacity(config.n_layer);
         for i in 0..config.n_layer {
-            let mut w = |n: &str| dense(&format!("blk.{i}.{n}"));
-            let q = w("attn_q.weight")?;
-            let k = w("attn_k.weight")?;
-            let v = w("attn_v.weight")?;
-            let bqkv = if config.qkv_bias {
-                Some(Tensor::cat(
-                    &[w("attn_q.bias")?, w("attn_k.bias")?, w("attn_v.bias")?],
-                    0,
-                )?)
+            let mut w = |n: &str| quantized(&format!("blk.{i}.{n}"));
+            let bias = if config.qkv_bias {
+                Some([
+                    w("attn_q.bias")?.dequantize(&dev)?,
+                    w("attn_k.bias")?.dequantize(&dev)?,
+                    w("attn_v.bias")?.dequantize(&dev)?,
+                ])
             } else {
                 None
             };
             blocks.push(Block {
-                attn_norm: w("attn_norm.weight")?,
-                wqkv: Frozen::new(Tensor::cat(&[q, k, v], 0)?),
-                bqkv,
-                wo: Frozen::new(w("attn_output.weight")?),
-                ffn_norm: w("ffn_norm.weight")?,
-                w_gate_up: Frozen::new(Tensor::cat(
-                    &[w("ffn_gate.weight")?, w("ffn_up.weight")?],
-                    0,
-                )?),
-                w_down: Frozen::new(w("ffn_down.weight")?),
+                attn_norm: w("attn_norm.weight")?.dequantize(&dev)?,
+                wq: frozen(&w("attn_q.weight")?)?,
+                wk: frozen(&w("attn_k.weight")?)?,
+                wv: frozen(&w("attn_v.weight")?)?,
+                bias,
+                wo: frozen(&w("attn_output.weight")?)?,
+                ffn_norm: w("ffn_norm.weight")?.dequantize(&dev)?,
+                w_gate: frozen(&w("ffn_gate.weight")?)?,
+                w_up: frozen(&w("ffn_up.weight")?)?,
+                w_down: frozen(&w("ffn_down.weight")?)?,
             });
         }
         let (cos, sin) = rope_tables(&config, &dev)?;
@@ -114,7 +148,7 @@ impl TrainModel {
             embed,
             blocks,
             norm,
-            lm_head: Frozen::new(lm_head),
+            lm_head,
             cos,
             sin,
             adapters,
@@ -132,11 +166,7 @@ impl TrainModel {
         let mut x = self.embed.index_select(&ids_t, 0)?; // (t, d)
         let cos = self.cos.narrow(0, 0, t)?;
         let sin = self.sin.narrow(0, 0, t)?;
-        let (nq, nkv, hd) = (
-            cfg.n_head * cfg.head_dim,
-            cfg.n_kv_head * cfg.head_dim,
-            cfg.head_dim,
-        );
+        let hd = cfg.head_dim;
         let scale = 1.0 / (hd as f32).sqrt();
         let reference = self.reference;
         let norm = |x: &Tensor, w: &Tensor| {
@@ -161,13 +191,16 @@ impl TrainModel {
                 })
             };
             let h = norm(&x, &block.attn_norm)?;
-            let mut qkv = linear(&block.wqkv, &h)?;
-            if let Some(b) = &block.bqkv {
-                qkv = qkv.broadcast_add(b)?;
-            }
-            let q = lora(Target::Q, &h, qkv.narrow(1, 0, nq)?)?;
-            let k = lora(Target::K, &h, qkv.narrow(1, nq, nkv)?)?;
-            let v = lora(Target::V, &h, qkv.narrow(1, nq + nkv, nkv)?)?;
+            let projection = |w: &Frozen, slot: usize| -> Result<Tensor> {
+                let y = linear(w, &h)?;
+                Ok(match &block.bias {
+                    Some(b) => y.broadcast_add(&b[slot])?,
+                    None => y,
+                })
+            };
+            let q = lora(Target::Q, &h, projection(&block.wq, 0)?)?;
+            let k = lora(Target::K, &h, projection(&block.wk, 1)?)?;
+            let v = lora(Target::V, &h, projection(&block.wv, 2)?)?;
             let heads = |x: Tensor, n: usize| -> Result<Tensor> {
                 Ok(x.reshape((1, t, n, hd))?.transpose(1, 2)?.contiguous()?)
             };
@@ -182,9 +215,8 @@ impl TrainModel {
             };
             x = (&x + lora(Target::O, &y, linear(&block.wo, &y)?)?)?;
             let h = norm(&x, &block.ffn_norm)?;
-            let gu = linear(&block.w_gate_up, &h)?;
-            let gate = lora(Target::Gate, &h, gu.narrow(1, 0, cfg.n_ff)?)?;
-            let up = lora(Target::Up, &h, gu.narrow(1, cfg.n_ff, cfg.n_ff)?)?;
+            let gate = lora(Target::Gate, &h, linear(&block.w_gate, &h)?)?;
+            let up = lora(Target::Up, &h, linear(&block.w_up, &h)?)?;
             let ff = if reference {
                 (gate.silu()? * up)?
             } else {
@@ -199,6 +231,30 @@ impl TrainModel {
         )?;
         let h = norm(&x.index_select(&at, 0)?, &self.norm)?;
         Ok(linear(&self.lm_head, &h)?)
+    }
+
+    /// Whether every frozen product runs in 8-bit integers.
+    pub fn integer_products(&self) -> bool {
+        self.frozen().all(|f| f.is_integer())
+    }
+
+    /// Runs every frozen product in f32 from here on (the reference integer products are
+    /// compared with).
+    pub fn f32_products(&mut self) {
+        self.lm_head.f32_only();
+        for b in &mut self.blocks {
+            for f in b.frozen_mut() {
+                f.f32_only();
+            }
+        }
+    }
+
+    fn frozen(&self) -> impl Iterator<Item = &Frozen> {
+        std::iter::once(&self.lm_head).chain(
+            self.blocks
+                .iter()
+                .flat_map(|b| [&b.wq, &b.wk, &b.wv, &b.wo, &b.w_gate, &b.w_up, &b.w_down]),
+        )
     }
 
     /// Floating-point operations a training pass over a `tokens`-token sequence must do,
@@ -244,17 +300,17 @@ impl TrainModel {
 
     /// The merged weight of one projection (for export and checks): W + scale · B A.
     pub fn frozen_weight(&self, layer: usize, target: Target) -> Result<Tensor> {
-        let cfg = &self.config;
-        let (nq, nkv) = (cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim);
         let b = &self.blocks[layer];
         Ok(match target {
-            Target::Q => b.wqkv.weight().narrow(0, 0, nq)?,
-            Target::K => b.wqkv.weight().narrow(0, nq, nkv)?,
-            Target::V => b.wqkv.weight().narrow(0, nq + nkv, nkv)?,
-            Target::O => b.wo.weight().clone(),
-            Target::Gate => b.w_gate_up.weight().narrow(0, 0, cfg.n_ff)?,
-            Target::Up => b.w_gate_up.weight().narrow(0, cfg.n_ff, cfg.n_ff)?,
-            Target::Down => b.w_down.weight().clone(),
-        })
+            Target::Q => &b.wq,
+            Target::K => &b.wk,
+            Target::V => &b.wv,
+            Target::O => &b.wo,
+            Target::Gate => &b.w_gate,
+            Target::Up => &b.w_up,
+            Target::Down => &b.w_down,
+        }
+        .weight()
+        .clone())
     }
 }

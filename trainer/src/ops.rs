@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
+use candle_core::quantized::QTensor;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Device, Layout, Result, Shape, Tensor, D};
+use memagent_engine::IntegerWeight;
 use rayon::prelude::*;
 
 type Map = Arc<dyn Fn(&Tensor) -> Result<Tensor> + Send + Sync>;
@@ -53,23 +55,67 @@ fn linear_map(x: &Tensor, name: &'static str, fwd: Map, bwd: Map) -> Result<Tens
 #[derive(Clone)]
 pub struct Frozen {
     w: Tensor,
+    integer: Option<Arc<Integer>>,
+}
+
+/// A frozen weight's products in 8-bit integers, as prefill runs them: `x wᵀ` on the
+/// file's own blocks, and the input gradient `g w` on `wᵀ` rounded to Q8_0.
+pub struct Integer {
+    forward: IntegerWeight,
+    backward: IntegerWeight,
+}
+
+impl Integer {
+    /// The products of `q`, dequantized as `w`: `None` where its type or shape has no
+    /// integer product.
+    pub fn new(q: &QTensor, w: &Tensor) -> Result<Option<Self>> {
+        let Some(forward) = IntegerWeight::of(q)? else {
+            return Ok(None);
+        };
+        let (n, k) = w.dims2()?;
+        let wt = w.t()?.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        let Some(backward) = IntegerWeight::quantize(&wt, k, n)? else {
+            return Ok(None);
+        };
+        Ok(Some(Self { forward, backward }))
+    }
 }
 
 impl Frozen {
     pub fn new(w: Tensor) -> Self {
-        Self { w }
+        Self { w, integer: None }
+    }
+
+    /// Products in integers where `integer` is given, in f32 otherwise.
+    pub fn with_integer(w: Tensor, integer: Option<Integer>) -> Self {
+        Self {
+            w,
+            integer: integer.map(Arc::new),
+        }
     }
 
     pub fn weight(&self) -> &Tensor {
         &self.w
     }
 
+    /// Whether the products run in integers.
+    pub fn is_integer(&self) -> bool {
+        self.integer.is_some()
+    }
+
+    /// Drops the integer products: every product in f32 from here on.
+    pub fn f32_only(&mut self) {
+        self.integer = None;
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if !x.device().is_cpu() || x.dtype() != candle_core::DType::F32 {
             return self.forward_composed(x);
         }
-        x.contiguous()?
-            .apply_op1(FrozenLinear { w: self.w.clone() })
+        x.contiguous()?.apply_op1(FrozenLinear {
+            w: self.w.clone(),
+            integer: self.integer.clone(),
+        })
     }
 
     /// The same product through candle's matmul, whose backward pass also computes the
@@ -107,10 +153,11 @@ pub(crate) fn values<'a>(storage: &'a CpuStorage, layout: &Layout, op: &str) -> 
     Ok(&data[start..end])
 }
 
-/// `x wᵀ` on the engine's GEMM (the micro-kernel prefill runs); its backward pass,
-/// `g w`, gives the input's gradient only.
+/// `x wᵀ` on the engine's GEMM (the micro-kernel prefill runs), or its integer product
+/// where the weight has one; its backward pass, `g w`, gives the input's gradient only.
 struct FrozenLinear {
     w: Tensor,
+    integer: Option<Arc<Integer>>,
 }
 
 impl CustomOp1 for FrozenLinear {
@@ -126,18 +173,22 @@ impl CustomOp1 for FrozenLinear {
             candle_core::bail!("frozen-linear: input {dims:?} for a ({n}, {k}) weight")
         }
         *dims.last_mut().expect("rank >= 1") = n;
-        let y = with_values(&self.w, |w| {
-            memagent_engine::gemm_t(x, x.len() / k, w, n, k)
-        })?;
+        let y = match &self.integer {
+            Some(integer) => integer.forward.matmul_t(x, x.len() / k),
+            None => with_values(&self.w, |w| {
+                memagent_engine::gemm_t(x, x.len() / k, w, n, k)
+            })?,
+        };
         Ok((CpuStorage::F32(y), Shape::from(dims)))
     }
 
     fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         let (n, k) = self.w.dims2()?;
-        let dx = with_values(grad, |g| {
-            with_values(&self.w, |w| {
+        let dx = with_values(grad, |g| match &self.integer {
+            Some(integer) => Ok(integer.backward.matmul_t(g, g.len() / n)),
+            None => with_values(&self.w, |w| {
                 memagent_engine::gemm_n(g, g.len() / n, w, n, k)
-            })
+            }),
         })??;
         Ok(Some(Tensor::from_vec(dx, arg.shape(), arg.device())?))
     }
@@ -386,6 +437,77 @@ impl CustomOp1 for CausalSoftmax {
     }
 }
 
+/// −log softmax(logits)[target] for each row of `logits` (n, vocab): one pass forward
+/// and one back, where the composed log-softmax and gather write and read several
+/// tensors of the logits' size each way.
+pub fn nll_rows(logits: &Tensor, targets: &[u32]) -> Result<Tensor> {
+    let (n, vocab) = logits.dims2()?;
+    if targets.len() != n {
+        candle_core::bail!("nll: {} targets for {n} rows of logits", targets.len())
+    }
+    if let Some(&t) = targets.iter().find(|&&t| t as usize >= vocab) {
+        candle_core::bail!("nll: target {t} outside a vocabulary of {vocab}")
+    }
+    logits.contiguous()?.apply_op1(Nll {
+        targets: targets.to_vec(),
+        log_sum_exp: std::sync::Mutex::new(Vec::new()),
+    })
+}
+
+struct Nll {
+    targets: Vec<u32>,
+    /// Each row's log Σ exp, kept by the forward pass for the backward.
+    log_sum_exp: std::sync::Mutex<Vec<f32>>,
+}
+
+fn log_sum_exp(row: &[f32]) -> f32 {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    max + row.iter().map(|&v| (v - max).exp()).sum::<f32>().ln()
+}
+
+impl CustomOp1 for Nll {
+    fn name(&self) -> &'static str {
+        "nll"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = values(storage, layout, "nll")?;
+        let (n, vocab) = layout.shape().dims2()?;
+        let lse: Vec<f32> = (0..n)
+            .into_par_iter()
+            .map(|r| log_sum_exp(&x[r * vocab..(r + 1) * vocab]))
+            .collect();
+        let nll = lse
+            .iter()
+            .enumerate()
+            .map(|(r, l)| l - x[r * vocab + self.targets[r] as usize])
+            .collect();
+        *self.log_sum_exp.lock().expect("nll state") = lse;
+        Ok((CpuStorage::F32(nll), Shape::from(n)))
+    }
+
+    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        // d nll_r / d x_rj = softmax_rj − [j = target_r].
+        let (_, vocab) = arg.dims2()?;
+        let lse = self.log_sum_exp.lock().expect("nll state").clone();
+        let g = grad.flatten_all()?.to_vec1::<f32>()?;
+        let dx = with_values(arg, |x| {
+            let mut dx = vec![0f32; x.len()];
+            dx.par_chunks_mut(vocab)
+                .zip(x.par_chunks(vocab))
+                .enumerate()
+                .for_each(|(r, (out, row))| {
+                    for (o, &v) in out.iter_mut().zip(row) {
+                        *o = g[r] * (v - lse[r]).exp();
+                    }
+                    out[self.targets[r] as usize] -= g[r];
+                });
+            dx
+        })?;
+        Ok(Some(Tensor::from_vec(dx, arg.shape(), arg.device())?))
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -486,6 +608,33 @@ pub(crate) mod tests {
         close(&fused.0, &composed.0, "swiglu");
         close(&fused.1, &composed.1, "swiglu dgate");
         close(&fused.2, &composed.2, "swiglu dup");
+    }
+
+    #[test]
+    fn fused_nll_equals_log_softmax_and_gather_with_its_gradient() {
+        let dev = Device::Cpu;
+        let logits = Var::randn(0f32, 3.0, (9, 301), &dev).unwrap();
+        let targets: Vec<u32> = (0..9).map(|i| (i * 37 + 5) % 301).collect();
+        let weights: Vec<f32> = (0..9).map(|i| 0.5 + i as f32 / 9.0).collect();
+        let run = |fused: bool| {
+            let loss = if fused {
+                crate::loss::weighted_nll(logits.as_tensor(), &targets, &weights, 7.0)
+            } else {
+                crate::loss::weighted_nll_composed(logits.as_tensor(), &targets, &weights, 7.0)
+            }
+            .unwrap();
+            let grads = loss.backward().unwrap();
+            let g = grads.get(&logits).unwrap().flatten_all().unwrap();
+            (
+                loss.to_scalar::<f32>().unwrap(),
+                g.to_vec1::<f32>().unwrap(),
+            )
+        };
+        let (fused, composed) = (run(true), run(false));
+        close(&[fused.0], &[composed.0], "nll");
+        close(&fused.1, &composed.1, "nll dlogits");
+        assert!(nll_rows(logits.as_tensor(), &[0; 8]).is_err());
+        assert!(nll_rows(logits.as_tensor(), &[301; 9]).is_err());
     }
 
     #[test]

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{io, Error, Result};
 use crate::lora::LoraConfig;
-use crate::loss::{correct_tokens, weighted_nll};
+use crate::loss::{correct_tokens, weighted_nll, weighted_nll_composed};
 use crate::model::TrainModel;
 use crate::optim::{clip_grad_norm, learning_rate, AdamW, AdamWConfig};
 
@@ -297,7 +297,11 @@ impl Run {
         let positions: Vec<usize> = (seq.target_start - 1..seq.ids.len() - 1).collect();
         let logits = self.model.forward(&seq.ids, &positions)?;
         let targets = &seq.ids[seq.target_start..];
-        weighted_nll(&logits, targets, &seq.weights, normalizer)
+        if self.model.reference {
+            weighted_nll_composed(&logits, targets, &seq.weights, normalizer)
+        } else {
+            weighted_nll(&logits, targets, &seq.weights, normalizer)
+        }
     }
 
     /// One optimizer update over the batch of examples `step·batch ..`.

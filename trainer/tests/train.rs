@@ -112,7 +112,8 @@ fn loss_falls_on_a_fixed_batch() {
 #[test]
 fn lora_gradients_match_finite_differences() {
     let dir = temp("grad");
-    let model = TrainModel::load(&tiny(&dir), LoraConfig::default(), 3).unwrap();
+    // f32 products: rounding activations to 8 bits would put steps in the loss.
+    let model = TrainModel::load_with(&tiny(&dir), LoraConfig::default(), 3, false).unwrap();
     // B starts at zero; give it values so A's gradients are not zero too.
     for (name, var) in model.adapters.vars() {
         if name.ends_with("lora_b") {
@@ -196,7 +197,7 @@ fn assert_close(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)], tolerance: f
 fn the_fused_pass_gives_the_composed_passs_gradients() {
     let dir = temp("fused");
     let model_path = tiny(&dir);
-    let model = TrainModel::load(&model_path, LoraConfig::default(), 3).unwrap();
+    let model = TrainModel::load_with(&model_path, LoraConfig::default(), 3, false).unwrap();
     // Values for the top block's B only: the blocks below stay the base model, as they
     // are with `top_layers: 1`.
     let top_block = format!("blk.{}.", model.config.n_layer - 1);
@@ -229,7 +230,7 @@ fn the_fused_pass_gives_the_composed_passs_gradients() {
         top_layers: Some(1),
         ..LoraConfig::default()
     };
-    let model = TrainModel::load(&model_path, top, 3).unwrap();
+    let model = TrainModel::load_with(&model_path, top, 3, false).unwrap();
     for (name, var) in model.adapters.vars() {
         var.set(&values[&name]).unwrap();
     }
@@ -243,6 +244,65 @@ fn the_fused_pass_gives_the_composed_passs_gradients() {
         .filter(|(n, _)| n.starts_with(&top_block))
         .collect();
     assert_close(&top_only, &same, 1e-5);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The frozen products in 8-bit integers (the file's own blocks forward, the transposed
+/// weight rounded to Q8_0 back; portable loops where the CPU lacks AVX-512 VNNI) give the
+/// f32 products' loss and adapter gradients to within their rounding, and not their bits.
+#[test]
+fn integer_products_give_the_f32_products_gradients_within_rounding() {
+    let dir = temp("integer");
+    let model_path = tiny(&dir);
+    let load = |integer: bool| {
+        let model = TrainModel::load_with(&model_path, LoraConfig::default(), 3, integer).unwrap();
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        for (name, var) in model.adapters.vars() {
+            if name.ends_with("lora_b") {
+                let v: Vec<f32> = (0..var.elem_count())
+                    .map(|_| {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        (rng % 1000) as f32 / 10_000.0 - 0.05
+                    })
+                    .collect();
+                var.set(&Tensor::from_vec(v, var.shape(), var.device()).unwrap())
+                    .unwrap();
+            }
+        }
+        Run::open(&dir.join(format!("run-{integer}")), config(1), model, false).unwrap()
+    };
+    let (integer, f32_run) = (load(true), load(false));
+    let ids: Vec<u32> = (0..150).map(|i| (i * 11 + 5) % 250).collect();
+    let seq = Sequence {
+        ids,
+        target_start: 100,
+        weights: vec![1.0; 50],
+    };
+    let loss = |run: &Run| run.loss(&seq, 1.0).unwrap().to_scalar::<f32>().unwrap();
+    let (a, b) = (loss(&integer), loss(&f32_run));
+    assert!(
+        (a - b).abs() < 1e-2 * b.abs(),
+        "loss {a} in integers, {b} in f32"
+    );
+    let (gi, gf) = (gradients(&integer, &seq), gradients(&f32_run, &seq));
+    assert!(gi != gf, "the integer products gave the f32 products' bits");
+    // Relative to each adapter's whole gradient: 2.5-5.4% on this tiny model, whose rows
+    // of 64 random weights round coarsely; a wrong product would be off by its size.
+    for ((name, x), (_, y)) in gi.iter().zip(&gf) {
+        let norm = y.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
+        let diff = x
+            .iter()
+            .zip(y)
+            .map(|(p, q)| (p - q) * (p - q))
+            .sum::<f32>()
+            .sqrt();
+        assert!(
+            diff <= 0.1 * norm,
+            "{name}: differs by {diff}, gradient norm {norm}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -380,7 +440,8 @@ fn a_trained_adapter_merges_exports_and_applies_by_default() {
     let dir = temp("adapter");
     let model_path = tiny(&dir);
     let sha = sha256_file(&model_path).unwrap();
-    let model = TrainModel::load(&model_path, LoraConfig::default(), 5).unwrap();
+    // f32 products, as the engine's f32 prefill below.
+    let model = TrainModel::load_with(&model_path, LoraConfig::default(), 5, false).unwrap();
     let mut run = Run::open(&dir.join("run"), config(4), model, false).unwrap();
     for _ in 0..4 {
         run.update(&Fixed).unwrap();

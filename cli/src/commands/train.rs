@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
-use memagent_engine::sha256_file;
+use memagent_engine::{sha256_file, PrefillWeights};
 use memagent_tasks::training::{trajectory, DataConfig, Split};
 use memagent_trainer::{
     loss_curve, read_log, AdamWConfig, Event, LoraConfig, Run, SampledExamples, Target, TaskData,
@@ -148,7 +148,7 @@ fn train(global: &Settings, args: &TrainArgs) -> Result<()> {
     }
     eprintln!("hashing {} ...", model_path.display());
     let base_sha256 = sha256_file(&model_path)?;
-    let model = TrainModel::load(&model_path, config.lora.clone(), config.init_seed)?;
+    let model = load_train_model(&model_path, &config)?;
     let mut run = Run::open(&a.out, config, model, a.resume)?;
     run.until = a.until;
 
@@ -294,6 +294,19 @@ fn keep_freed_memory() {
     }
 }
 
+/// The model to train: its frozen products in 8-bit integers where prefill's are
+/// (`MEMAGENT_PREFILL_WEIGHTS`, and a CPU with AVX-512 VNNI), in f32 otherwise.
+fn load_train_model(path: &Path, config: &TrainConfig) -> Result<TrainModel> {
+    let integer = matches!(super::prefill_weights()?, PrefillWeights::Integer)
+        && memagent_engine::integer_products_fast();
+    Ok(TrainModel::load_with(
+        path,
+        config.lora.clone(),
+        config.init_seed,
+        integer,
+    )?)
+}
+
 /// `memctl train --bench`: updates in a temporary run, then the engine's prefill
 /// projections on the same file, both in this process.
 fn bench(
@@ -312,7 +325,8 @@ fn bench(
     config.eval_every = 0;
     let dir = std::env::temp_dir().join(format!("memctl-train-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let model = TrainModel::load(model_path, config.lora.clone(), config.init_seed)?;
+    let model = load_train_model(model_path, &config)?;
+    let integer = model.integer_products();
     let mut run = Run::open(&dir, config, model, false)?;
     let mut lines = Vec::new();
     let stop = AtomicBool::new(false);
@@ -358,12 +372,14 @@ fn bench(
                 "useful_gflop_per_second": train_rate,
                 "prefill_projections_gflop_per_second": prefill_rate,
                 "ratio": ratio,
+                "products": if integer { "integer" } else { "f32" },
                 "cpu": memagent_engine::bench::cpu_name(),
             })
         );
     } else {
         println!(
-            "training: {tokens} tokens in {seconds:.1} s over {} updates: {:.0} tokens/s, {train_rate:.1} useful GFLOP/s",
+            "training ({} frozen products): {tokens} tokens in {seconds:.1} s over {} updates: {:.0} tokens/s, {train_rate:.1} useful GFLOP/s",
+            if integer { "8-bit integer" } else { "f32" },
             measured.len(),
             tokens as f64 / seconds.max(1e-9)
         );

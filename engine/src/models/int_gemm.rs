@@ -17,6 +17,8 @@
 
 use std::ops::Range;
 
+use candle_core::quantized::QTensor;
+
 use super::blocks::{self, Format};
 use super::kquants::{self, KFormat, QK_K};
 
@@ -215,6 +217,80 @@ pub(crate) fn matmul_t(
     rows: usize,
 ) -> Vec<f32> {
     product(format, bytes, (n, k), x, rows, available())
+}
+
+/// A frozen weight multiplied by prefill's integer product, for callers outside the
+/// engine (the trainer's frozen projections, forward and back): the (n, k) rows in one of
+/// the block formats [`Format::of`] takes, kept as bytes.
+#[derive(Clone)]
+pub struct IntegerWeight {
+    format: Format,
+    bytes: Vec<u8>,
+    n: usize,
+    k: usize,
+}
+
+impl IntegerWeight {
+    /// `w` in its file's own bytes: `None` where its type has no integer product or its
+    /// rows are not whole blocks.
+    pub fn of(w: &QTensor) -> candle_core::Result<Option<Self>> {
+        let Some(format) = Format::of(w.dtype()) else {
+            return Ok(None);
+        };
+        let (n, k) = w.shape().dims2()?;
+        if !k.is_multiple_of(format.block_len()) {
+            return Ok(None);
+        }
+        let bytes = w.data()?.into_owned();
+        Ok(Some(Self {
+            format,
+            bytes,
+            n,
+            k,
+        }))
+    }
+
+    /// `w` (n, k) row-major rounded to Q8_0 (blocks of 32 signed bytes and an f16
+    /// scale): `None` where k is not a multiple of 32.
+    pub fn quantize(w: &[f32], n: usize, k: usize) -> candle_core::Result<Option<Self>> {
+        if !k.is_multiple_of(QK) || w.len() != n * k {
+            return Ok(None);
+        }
+        let t = candle_core::Tensor::from_slice(w, (n, k), &candle_core::Device::Cpu)?;
+        let q = QTensor::quantize(&t, candle_core::quantized::GgmlDType::Q8_0)?;
+        let bytes = q.data()?.into_owned();
+        Ok(Some(Self {
+            format: Format::Q8_0,
+            bytes,
+            n,
+            k,
+        }))
+    }
+
+    /// (rows, features).
+    pub fn dims(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    /// `x` (rows, k) times this weight transposed: (rows, n) row-major, on the engine's
+    /// pool; the AVX-512 VNNI kernel where the CPU has it, the same bits from portable
+    /// loops (far slower) elsewhere.
+    pub fn matmul_t(&self, x: &[f32], rows: usize) -> Vec<f32> {
+        product(
+            self.format,
+            &self.bytes,
+            (self.n, self.k),
+            x,
+            rows,
+            available(),
+        )
+    }
+}
+
+/// Whether this CPU runs the integer product at speed (AVX-512 VNNI); elsewhere
+/// [`IntegerWeight::matmul_t`] falls back to portable loops.
+pub fn integer_products_fast() -> bool {
+    available()
 }
 
 /// [`matmul_t`], with the AVX-512 kernel when `fast` (tests run the portable loops
@@ -479,6 +555,37 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The public weight gives the file-format product's bits from a QTensor, and from
+    /// f32 values the product of their Q8_0 rounding; widths without whole blocks are
+    /// refused.
+    #[test]
+    fn integer_weights_from_blocks_and_from_values() {
+        let (rows, n, k) = (5, 70, 256);
+        let x = probe_values(rows * k, 31);
+        let w = Tensor::from_vec(probe_values(n * k, 32), (n, k), &Device::Cpu).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let q = QTensor::quantize(&w, GgmlDType::Q4K).unwrap();
+        let of = IntegerWeight::of(&q).unwrap().unwrap();
+        assert_eq!(of.dims(), (n, k));
+        let bytes = q.data().unwrap();
+        assert_eq!(
+            bits(&of.matmul_t(&x, rows)),
+            bits(&matmul_t(Format::K(KFormat::Q4K), &bytes, n, k, &x, rows))
+        );
+        let values: Vec<f32> = w.flatten_all().unwrap().to_vec1().unwrap();
+        let q8 = IntegerWeight::quantize(&values, n, k).unwrap().unwrap();
+        let (q8_bytes, _) = weight(GgmlDType::Q8_0, n, k, 32);
+        assert_eq!(
+            bits(&q8.matmul_t(&x, rows)),
+            bits(&matmul_t(Format::Q8_0, &q8_bytes, n, k, &x, rows))
+        );
+        assert!(IntegerWeight::quantize(&values[..n * 48], n, 48)
+            .unwrap()
+            .is_none());
+        let f16 = QTensor::quantize(&w, GgmlDType::F16).unwrap();
+        assert!(IntegerWeight::of(&f16).unwrap().is_none());
     }
 
     /// A row's outputs have the same bits whether it is multiplied alone or among up to
