@@ -184,23 +184,27 @@ impl TrainModel {
             }
         };
         for (i, block) in self.blocks.iter().enumerate() {
-            let lora = |target: Target, h: &Tensor, y: Tensor| -> Result<Tensor> {
-                Ok(match self.adapters.get(i, target) {
-                    Some(l) => (y + l.forward(h)?)?,
-                    None => y,
-                })
+            // A frozen product with its adapter, if the block has one for `target`.
+            let adapted = |w: &Frozen, target: Target, h: &Tensor| -> Result<Tensor> {
+                match self.adapters.get(i, target) {
+                    Some(l) if !reference => {
+                        Ok(w.forward_adapted(h, l.a.as_tensor(), l.b.as_tensor(), l.scale)?)
+                    }
+                    Some(l) => Ok((linear(w, h)? + l.forward(h)?)?),
+                    None => Ok(linear(w, h)?),
+                }
             };
             let h = norm(&x, &block.attn_norm)?;
-            let projection = |w: &Frozen, slot: usize| -> Result<Tensor> {
-                let y = linear(w, &h)?;
+            let projection = |w: &Frozen, target: Target, slot: usize| -> Result<Tensor> {
+                let y = adapted(w, target, &h)?;
                 Ok(match &block.bias {
                     Some(b) => y.broadcast_add(&b[slot])?,
                     None => y,
                 })
             };
-            let q = lora(Target::Q, &h, projection(&block.wq, 0)?)?;
-            let k = lora(Target::K, &h, projection(&block.wk, 1)?)?;
-            let v = lora(Target::V, &h, projection(&block.wv, 2)?)?;
+            let q = projection(&block.wq, Target::Q, 0)?;
+            let k = projection(&block.wk, Target::K, 1)?;
+            let v = projection(&block.wv, Target::V, 2)?;
             let heads = |x: Tensor, n: usize| -> Result<Tensor> {
                 Ok(x.reshape((1, t, n, hd))?.transpose(1, 2)?.contiguous()?)
             };
@@ -213,16 +217,16 @@ impl TrainModel {
             } else {
                 crate::attention::causal_attention(&q, &k, &v, scale)?
             };
-            x = (&x + lora(Target::O, &y, linear(&block.wo, &y)?)?)?;
+            x = (&x + adapted(&block.wo, Target::O, &y)?)?;
             let h = norm(&x, &block.ffn_norm)?;
-            let gate = lora(Target::Gate, &h, linear(&block.w_gate, &h)?)?;
-            let up = lora(Target::Up, &h, linear(&block.w_up, &h)?)?;
+            let gate = adapted(&block.w_gate, Target::Gate, &h)?;
+            let up = adapted(&block.w_up, Target::Up, &h)?;
             let ff = if reference {
                 (gate.silu()? * up)?
             } else {
                 swiglu(&gate, &up)?
             };
-            x = (&x + lora(Target::Down, &ff, linear(&block.w_down, &ff)?)?)?;
+            x = (&x + adapted(&block.w_down, Target::Down, &ff)?)?;
         }
         let at = Tensor::from_vec(
             positions.iter().map(|&p| p as u32).collect::<Vec<_>>(),

@@ -8,7 +8,9 @@
 use std::sync::Arc;
 
 use candle_core::quantized::QTensor;
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Device, Layout, Result, Shape, Tensor, D};
+use candle_core::{
+    CpuStorage, CustomOp1, CustomOp2, CustomOp3, Device, Layout, Result, Shape, Tensor, D,
+};
 use memagent_engine::IntegerWeight;
 use rayon::prelude::*;
 
@@ -129,6 +131,136 @@ impl Frozen {
     }
 }
 
+impl Frozen {
+    /// `x wᵀ + scale · (x aᵀ) bᵀ`: the frozen product and its adapter (`a` (r, in), `b`
+    /// (out, r)) as one op, whose backward pass gives the gradients of `x`, `a` and `b`
+    /// without the five graph nodes (two products, a scale, an add) the adapter would
+    /// add, each with gradient buffers of the output's size.
+    pub fn forward_adapted(
+        &self,
+        x: &Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        scale: f64,
+    ) -> Result<Tensor> {
+        if !x.device().is_cpu() || x.dtype() != candle_core::DType::F32 {
+            let lora = x.matmul(&a.t()?)?.matmul(&b.t()?)?;
+            return self.forward_composed(x)? + (lora * scale)?;
+        }
+        let (n, k) = self.w.dims2()?;
+        let (r, ka) = a.dims2()?;
+        if ka != k || b.dims2()? != (n, r) {
+            candle_core::bail!(
+                "adapted product: A {:?} and B {:?} for a ({n}, {k}) weight",
+                a.dims(),
+                b.dims()
+            )
+        }
+        x.contiguous()?.apply_op3(
+            &a.contiguous()?,
+            &b.contiguous()?,
+            Adapted {
+                frozen: FrozenLinear {
+                    w: self.w.clone(),
+                    integer: self.integer.clone(),
+                },
+                scale: scale as f32,
+            },
+        )
+    }
+}
+
+struct Adapted {
+    frozen: FrozenLinear,
+    scale: f32,
+}
+
+/// `m` (rows, cols) row-major, transposed.
+fn transposed(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; m.len()];
+    for (i, row) in m.chunks_exact(cols).enumerate() {
+        for (j, &v) in row.iter().enumerate() {
+            out[j * rows + i] = v;
+        }
+    }
+    out
+}
+
+impl CustomOp3 for Adapted {
+    fn name(&self) -> &'static str {
+        "adapted-linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        as_: &CpuStorage,
+        al: &Layout,
+        bs: &CpuStorage,
+        bl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let op = "adapted-linear";
+        let (x, a, b) = (
+            values(xs, xl, op)?,
+            values(as_, al, op)?,
+            values(bs, bl, op)?,
+        );
+        let dims = self.frozen.output_dims(xl.dims())?;
+        let ((r, k), n) = (al.shape().dims2()?, bl.shape().dims2()?.0);
+        let rows = x.len() / k;
+        let mut y = self.frozen.product(x)?;
+        let u = memagent_engine::gemm_t(x, rows, a, r, k);
+        let lora = memagent_engine::gemm_t(&u, rows, b, n, r);
+        for (y, l) in y.iter_mut().zip(&lora) {
+            *y += self.scale * l;
+        }
+        Ok((CpuStorage::F32(y), Shape::from(dims)))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let ((r, k), (n, _)) = (a.dims2()?, b.dims2()?);
+        let s = self.scale;
+        let (dx, da, db) = with_values(grad, |g| {
+            with_values(x, |x| {
+                with_values(a, |a| {
+                    with_values(b, |b| -> Result<_> {
+                        let rows = x.len() / k;
+                        // g B and x Aᵀ (rows, r), and each transposed to (r, rows).
+                        let gb = memagent_engine::gemm_n(g, rows, b, n, r);
+                        let u = memagent_engine::gemm_t(x, rows, a, r, k);
+                        // dx = g W + s (g B) A.
+                        let mut dx = self.frozen.input_gradient(g)?;
+                        let lora_dx = memagent_engine::gemm_n(&gb, rows, a, r, k);
+                        for (d, l) in dx.iter_mut().zip(&lora_dx) {
+                            *d += s * l;
+                        }
+                        // dA = s (g B)ᵀ x (r, k); dBᵀ = s (x Aᵀ)ᵀ g (r, n).
+                        let (gb_t, u_t) = (transposed(&gb, rows, r), transposed(&u, rows, r));
+                        let mut da = memagent_engine::gemm_n(&gb_t, r, x, rows, k);
+                        let db_t = memagent_engine::gemm_n(&u_t, r, g, rows, n);
+                        let mut db = transposed(&db_t, r, n);
+                        da.iter_mut().chain(db.iter_mut()).for_each(|v| *v *= s);
+                        Ok((dx, da, db))
+                    })
+                })
+            })
+        })?????;
+        Ok((
+            Some(Tensor::from_vec(dx, x.shape(), x.device())?),
+            Some(Tensor::from_vec(da, a.shape(), a.device())?),
+            Some(Tensor::from_vec(db, b.shape(), b.device())?),
+        ))
+    }
+}
+
 /// Runs `f` on the values of a contiguous f32 CPU tensor.
 fn with_values<T>(t: &Tensor, f: impl FnOnce(&[f32]) -> T) -> Result<T> {
     let t = t.contiguous()?;
@@ -160,6 +292,41 @@ struct FrozenLinear {
     integer: Option<Arc<Integer>>,
 }
 
+impl FrozenLinear {
+    /// `x wᵀ` for `x` of (rows, k) values.
+    fn product(&self, x: &[f32]) -> Result<Vec<f32>> {
+        let (n, k) = self.w.dims2()?;
+        Ok(match &self.integer {
+            Some(integer) => integer.forward.matmul_t(x, x.len() / k),
+            None => with_values(&self.w, |w| {
+                memagent_engine::gemm_t(x, x.len() / k, w, n, k)
+            })?,
+        })
+    }
+
+    /// `g w`, the input's gradient, for `g` of (rows, n) values.
+    fn input_gradient(&self, g: &[f32]) -> Result<Vec<f32>> {
+        let (n, k) = self.w.dims2()?;
+        Ok(match &self.integer {
+            Some(integer) => integer.backward.matmul_t(g, g.len() / n),
+            None => with_values(&self.w, |w| {
+                memagent_engine::gemm_n(g, g.len() / n, w, n, k)
+            })?,
+        })
+    }
+
+    /// The output's dims for an input of `dims`.
+    fn output_dims(&self, dims: &[usize]) -> Result<Vec<usize>> {
+        let (n, k) = self.w.dims2()?;
+        let mut dims = dims.to_vec();
+        if dims.last() != Some(&k) {
+            candle_core::bail!("frozen-linear: input {dims:?} for a ({n}, {k}) weight")
+        }
+        *dims.last_mut().expect("rank >= 1") = n;
+        Ok(dims)
+    }
+}
+
 impl CustomOp1 for FrozenLinear {
     fn name(&self) -> &'static str {
         "frozen-linear"
@@ -167,29 +334,12 @@ impl CustomOp1 for FrozenLinear {
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = values(storage, layout, "frozen-linear")?;
-        let (n, k) = self.w.dims2()?;
-        let mut dims = layout.dims().to_vec();
-        if dims.last() != Some(&k) {
-            candle_core::bail!("frozen-linear: input {dims:?} for a ({n}, {k}) weight")
-        }
-        *dims.last_mut().expect("rank >= 1") = n;
-        let y = match &self.integer {
-            Some(integer) => integer.forward.matmul_t(x, x.len() / k),
-            None => with_values(&self.w, |w| {
-                memagent_engine::gemm_t(x, x.len() / k, w, n, k)
-            })?,
-        };
-        Ok((CpuStorage::F32(y), Shape::from(dims)))
+        let dims = self.output_dims(layout.dims())?;
+        Ok((CpuStorage::F32(self.product(x)?), Shape::from(dims)))
     }
 
     fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let (n, k) = self.w.dims2()?;
-        let dx = with_values(grad, |g| match &self.integer {
-            Some(integer) => Ok(integer.backward.matmul_t(g, g.len() / n)),
-            None => with_values(&self.w, |w| {
-                memagent_engine::gemm_n(g, g.len() / n, w, n, k)
-            }),
-        })??;
+        let dx = with_values(grad, |g| self.input_gradient(g))??;
         Ok(Some(Tensor::from_vec(dx, arg.shape(), arg.device())?))
     }
 }

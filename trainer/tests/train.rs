@@ -473,11 +473,14 @@ fn a_trained_adapter_merges_exports_and_applies_by_default() {
     );
 
     // Exported as GGUF: a plain model file with the same behaviour. Stored as f32 the
-    // merged weights are exactly the engine's; as Q8_0 (the tiny model's random weights
-    // round coarsely) the update must still dominate the rounding.
+    // merged weights are the engine's, added in another order (x (W + B A)ᵀ against
+    // x Wᵀ + (x Aᵀ) Bᵀ); the output head rounds the last hidden state to 8 bits, so a
+    // last-bit difference can move one value a rounding step (0.3% of the update was
+    // seen). As Q8_0 (the tiny model's random weights round coarsely) the update must
+    // still dominate the rounding.
     let a = Adapter::load(&adapter).unwrap();
     for (dtype, bound) in [
-        (GgmlDType::F32, 1e-4 * moved),
+        (GgmlDType::F32, 1e-2 * moved),
         (GgmlDType::Q8_0, 0.5 * moved),
     ] {
         let out = dir.join(format!("tuned-{dtype:?}.gguf"));
