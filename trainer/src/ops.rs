@@ -175,6 +175,35 @@ struct Adapted {
     scale: f32,
 }
 
+/// `product(rows of x)` for a product with few outputs per row (`n`: an adapter's rank),
+/// split over blocks of rows on the engine's pool: split over its outputs, as the
+/// engine's GEMM splits, it would run as one task.
+fn by_rows(
+    x: &[f32],
+    k: usize,
+    n: usize,
+    product: impl Fn(&[f32], usize) -> Vec<f32> + Sync,
+) -> Vec<f32> {
+    const ROWS: usize = 64;
+    let rows = x.len() / k.max(1);
+    let mut out = vec![0f32; rows * n];
+    let out_ptr = out.as_mut_ptr() as usize;
+    memagent_engine::for_chunks(rows.div_ceil(ROWS), |blocks| {
+        let (first, end) = (blocks.start * ROWS, (blocks.end * ROWS).min(rows));
+        let part = product(&x[first * k..end * k], end - first);
+        // SAFETY: rows first..end of `out` are this task's alone, and `out` outlives
+        // the pool call.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                part.as_ptr(),
+                (out_ptr as *mut f32).add(first * n),
+                part.len(),
+            )
+        };
+    });
+    out
+}
+
 /// `m` (rows, cols) row-major, transposed.
 fn transposed(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     let mut out = vec![0f32; m.len()];
@@ -210,7 +239,7 @@ impl CustomOp3 for Adapted {
         let ((r, k), n) = (al.shape().dims2()?, bl.shape().dims2()?.0);
         let rows = x.len() / k;
         let mut y = self.frozen.product(x)?;
-        let u = memagent_engine::gemm_t(x, rows, a, r, k);
+        let u = by_rows(x, k, r, |x, rows| memagent_engine::gemm_t(x, rows, a, r, k));
         let lora = memagent_engine::gemm_t(&u, rows, b, n, r);
         for (y, l) in y.iter_mut().zip(&lora) {
             *y += self.scale * l;
@@ -234,8 +263,10 @@ impl CustomOp3 for Adapted {
                     with_values(b, |b| -> Result<_> {
                         let rows = x.len() / k;
                         // g B and x Aᵀ (rows, r), and each transposed to (r, rows).
-                        let gb = memagent_engine::gemm_n(g, rows, b, n, r);
-                        let u = memagent_engine::gemm_t(x, rows, a, r, k);
+                        let gb =
+                            by_rows(g, n, r, |g, rows| memagent_engine::gemm_n(g, rows, b, n, r));
+                        let u =
+                            by_rows(x, k, r, |x, rows| memagent_engine::gemm_t(x, rows, a, r, k));
                         // dx = g W + s (g B) A.
                         let mut dx = self.frozen.input_gradient(g)?;
                         let lora_dx = memagent_engine::gemm_n(&gb, rows, a, r, k);

@@ -67,15 +67,33 @@ impl Activations {
             d: vec![0.0; blocks],
             s: vec![0.0; blocks],
         };
-        {
-            // SAFETY: i8 and u8 have the same size and alignment, and any byte is both.
-            let signed: &mut [i8] =
-                unsafe { std::slice::from_raw_parts_mut(acts.q.as_mut_ptr().cast(), acts.q.len()) };
-            blocks::quantize_q8_1_into(&x[..rows * k], signed, &mut acts.d, &mut acts.s);
-        }
-        for v in &mut acts.q {
-            *v ^= 0x80;
-        }
+        // Rows in groups on the engine's pool: each group's bytes, scales and sums are
+        // its own, and the values are those of one pass over every row.
+        const ROWS_PER_TASK: usize = 16;
+        let (q, d, s) = (
+            acts.q.as_mut_ptr() as usize,
+            acts.d.as_mut_ptr() as usize,
+            acts.s.as_mut_ptr() as usize,
+        );
+        let per_row = k / QK;
+        super::pool::for_chunks(rows.div_ceil(ROWS_PER_TASK), |tasks| {
+            let first = tasks.start * ROWS_PER_TASK;
+            let end = (tasks.end * ROWS_PER_TASK).min(rows);
+            let (len, blocks) = ((end - first) * k, (end - first) * per_row);
+            // SAFETY: rows first..end of each buffer belong to this task alone, and the
+            // buffers outlive the pool call; i8 and u8 share size and alignment.
+            let (q, d, s) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut((q as *mut i8).add(first * k), len),
+                    std::slice::from_raw_parts_mut((d as *mut f32).add(first * per_row), blocks),
+                    std::slice::from_raw_parts_mut((s as *mut f32).add(first * per_row), blocks),
+                )
+            };
+            blocks::quantize_q8_1_into(&x[first * k..end * k], q, d, s);
+            for v in q.iter_mut() {
+                *v = (*v as u8 ^ 0x80) as i8;
+            }
+        });
         acts
     }
 
@@ -303,11 +321,13 @@ fn product(
     rows: usize,
     fast: bool,
 ) -> Vec<f32> {
-    let acts = Activations::quantize(x, rows, k);
-    let mut out = vec![0f32; rows * n];
     if rows == 0 || n == 0 {
-        return out;
+        return vec![0f32; rows * n];
     }
+    let acts = Activations::quantize(x, rows, k);
+    // Not zero-filled: the tasks write every output once (a pass over the whole
+    // buffer saved, on the calling thread alone).
+    let mut out: Vec<f32> = Vec::with_capacity(rows * n);
     let out_ptr = out.as_mut_ptr() as usize;
     super::pool::for_chunks(n.div_ceil(FEATURES_PER_TASK), |tasks| {
         for task in tasks {
@@ -318,6 +338,9 @@ fn product(
             unsafe { multiply(&acts, &w, out_ptr as *mut f32, n, features.start, fast) };
         }
     });
+    // SAFETY: the tasks above wrote every row's output for every feature 0..n (each
+    // task its features, every row), so all rows · n values are initialised.
+    unsafe { out.set_len(rows * n) };
     out
 }
 
