@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use gemm::{gemm, Parallelism};
 
-use crate::ops::values;
+use crate::ops::{exp, values};
 
 /// Query rows per block: the scores of a block are (ROWS, keys).
 const ROWS: usize = 64;
@@ -153,11 +153,11 @@ fn softmax_row(row: &mut [f32], r: usize, scale: f32, lse: Option<f32>) -> f32 {
     masked.fill(0.0);
     let lse = lse.unwrap_or_else(|| {
         let max = seen.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) * scale;
-        let sum: f32 = seen.iter().map(|&v| (v * scale - max).exp()).sum();
+        let sum: f32 = seen.iter().map(|&v| exp(v * scale - max)).sum();
         max + sum.ln()
     });
     for v in seen.iter_mut() {
-        *v = (*v * scale - lse).exp();
+        *v = exp(*v * scale - lse);
     }
     lse
 }
