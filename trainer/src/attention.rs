@@ -367,8 +367,25 @@ impl CustomOp3 for CausalAttention {
         });
         let dev = q.device();
         let group = heads / kv_heads;
+        // Each key/value head's gradient: the sum over the query heads that share it, in
+        // head order (candle's strided sum over that axis ran on one thread, slowly).
         let per_head = |x: Vec<f32>| -> Result<Tensor> {
-            Tensor::from_vec(x, (kv_heads, group, t, d), dev)?.sum(1)
+            if group == 1 {
+                return Tensor::from_vec(x, (kv_heads, t, d), dev);
+            }
+            let size = t * d;
+            let mut out = Vec::with_capacity(kv_heads * size);
+            for heads in x.chunks_exact(group * size) {
+                let (first, rest) = heads.split_at(size);
+                let start = out.len();
+                out.extend_from_slice(first);
+                for other in rest.chunks_exact(size) {
+                    for (o, v) in out[start..].iter_mut().zip(other) {
+                        *o += v;
+                    }
+                }
+            }
+            Tensor::from_vec(out, (kv_heads, t, d), dev)
         };
         Ok((
             Some(Tensor::from_vec(dq, (heads, t, d), dev)?),

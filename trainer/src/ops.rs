@@ -79,7 +79,11 @@ impl Integer {
         let Some(backward) = IntegerWeight::quantize(&wt, k, n)? else {
             return Ok(None);
         };
-        Ok(Some(Self { forward, backward }))
+        // Unpacked once: every update multiplies each weight twice per sequence.
+        Ok(Some(Self {
+            forward: forward.unpacked(),
+            backward: backward.unpacked(),
+        }))
     }
 }
 
