@@ -149,6 +149,9 @@ fn train(global: &Settings, args: &TrainArgs) -> Result<()> {
     eprintln!("hashing {} ...", model_path.display());
     let base_sha256 = sha256_file(&model_path)?;
     let model = load_train_model(&model_path, &config)?;
+    if !global.quiet {
+        eprintln!("frozen products: {}", products_line(&model)?);
+    }
     let mut run = Run::open(&a.out, config, model, a.resume)?;
     run.until = a.until;
 
@@ -305,6 +308,21 @@ fn load_train_model(path: &Path, config: &TrainConfig) -> Result<TrainModel> {
         config.init_seed,
         integer,
     )?)
+}
+
+/// How the model's frozen products run, and why, for the log.
+fn products_line(model: &TrainModel) -> Result<&'static str> {
+    Ok(
+        if !matches!(super::prefill_weights()?, PrefillWeights::Integer) {
+            "f32 (MEMAGENT_PREFILL_WEIGHTS asks for f32 prefill)"
+        } else if !memagent_engine::integer_products_fast() {
+            "f32 (this CPU has no AVX-512 VNNI for 8-bit integer products)"
+        } else if model.integer_products() {
+            "8-bit integers, as prefill's"
+        } else {
+            "8-bit integers where the weight's type has them, f32 for the others"
+        },
+    )
 }
 
 /// `memctl train --bench`: updates in a temporary run, then the engine's prefill
