@@ -381,7 +381,9 @@ pub struct TrainRunArgs {
     /// Measure instead of training: run this many updates (default 6, the first one a
     /// warm-up) in a temporary directory, then print training tokens/s and useful
     /// GFLOP/s beside the prefill projections' GFLOP/s of the same model on this machine
-    /// in the same run. Nothing is written to --out
+    /// in the same run. Nothing is written to --out. Both run their products in 8-bit
+    /// integers where the CPU has AVX-512 VNNI; MEMAGENT_PREFILL_WEIGHTS=tiles measures
+    /// both in f32
     #[arg(long, value_name = "UPDATES", num_args = 0..=1, default_missing_value = "6")]
     pub bench: Option<u64>,
     /// Seed of the adapters' initial values
