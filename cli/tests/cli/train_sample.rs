@@ -124,6 +124,53 @@ fn training_reads_the_kept_conversations_of_a_samples_file() {
         "{}",
         stderr(&o)
     );
+    assert!(stderr(&o).contains("frozen products: "), "{}", stderr(&o));
+
+    // `--bench`: training and prefill rates side by side, in the products prefill uses
+    // (8-bit integers where the CPU has them), or in f32 when prefill is asked for f32.
+    let model = super::model_path();
+    let bench = |prefill: &str| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_memctl"))
+            .args([
+                "--model",
+                model.to_str().unwrap(),
+                "--adapter",
+                "none",
+                "-q",
+            ])
+            .args([
+                "train",
+                "--examples",
+                file.to_str().unwrap(),
+                "--batch",
+                "1",
+            ])
+            .args(["--top-layers", "1", "--bench", "2", "--json"])
+            .env_remove("MEMAGENT_MODEL")
+            .env_remove("MEMAGENT_CONFIG")
+            .env("MEMAGENT_PREFILL_WEIGHTS", prefill)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        for key in [
+            "tokens_per_second",
+            "useful_gflop_per_second",
+            "prefill_projections_gflop_per_second",
+            "ratio",
+        ] {
+            assert!(v[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {v}");
+        }
+        v["products"].as_str().unwrap().to_string()
+    };
+    #[cfg(target_arch = "x86_64")]
+    let vnni = is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vnni");
+    #[cfg(not(target_arch = "x86_64"))]
+    let vnni = false;
+    assert_eq!(bench("integer"), if vnni { "integer" } else { "f32" });
+    assert_eq!(bench("tiles"), "f32");
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("adapter.json")).unwrap()).unwrap();
     assert_eq!(manifest["data"]["examples"][0], file.to_str().unwrap());
