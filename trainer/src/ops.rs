@@ -261,33 +261,37 @@ impl CustomOp3 for Adapted {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let ((r, k), (n, _)) = (a.dims2()?, b.dims2()?);
         let s = self.scale;
+        // The adapter's factors are small (rank rows): copied out; g and x are read in place.
+        let (av, bv) = (
+            a.flatten_all()?.to_vec1::<f32>()?,
+            b.flatten_all()?.to_vec1::<f32>()?,
+        );
+        let (a_, b_) = (&av[..], &bv[..]);
         let (dx, da, db) = with_values(grad, |g| {
-            with_values(x, |x| {
-                with_values(a, |a| {
-                    with_values(b, |b| -> Result<_> {
-                        let rows = x.len() / k;
-                        // g B and x Aᵀ (rows, r), and each transposed to (r, rows).
-                        let gb =
-                            by_rows(g, n, r, |g, rows| memagent_engine::gemm_n(g, rows, b, n, r));
-                        let u =
-                            by_rows(x, k, r, |x, rows| memagent_engine::gemm_t(x, rows, a, r, k));
-                        // dx = g W + s (g B) A.
-                        let mut dx = self.frozen.input_gradient(g)?;
-                        let lora_dx = memagent_engine::gemm_n(&gb, rows, a, r, k);
-                        for (d, l) in dx.iter_mut().zip(&lora_dx) {
-                            *d += s * l;
-                        }
-                        // dA = s (g B)ᵀ x (r, k); dBᵀ = s (x Aᵀ)ᵀ g (r, n).
-                        let (gb_t, u_t) = (transposed(&gb, rows, r), transposed(&u, rows, r));
-                        let mut da = memagent_engine::gemm_n(&gb_t, r, x, rows, k);
-                        let db_t = memagent_engine::gemm_n(&u_t, r, g, rows, n);
-                        let mut db = transposed(&db_t, r, n);
-                        da.iter_mut().chain(db.iter_mut()).for_each(|v| *v *= s);
-                        Ok((dx, da, db))
-                    })
-                })
+            with_values(x, |x| -> Result<_> {
+                let rows = x.len() / k;
+                // g B and x Aᵀ (rows, r; the forward's x Aᵀ recomputed), each transposed.
+                let gb = by_rows(g, n, r, |g, rows| {
+                    memagent_engine::gemm_n(g, rows, b_, n, r)
+                });
+                let u = by_rows(x, k, r, |x, rows| {
+                    memagent_engine::gemm_t(x, rows, a_, r, k)
+                });
+                // dx = g W + s (g B) A.
+                let mut dx = self.frozen.input_gradient(g)?;
+                let lora_dx = memagent_engine::gemm_n(&gb, rows, a_, r, k);
+                for (d, l) in dx.iter_mut().zip(&lora_dx) {
+                    *d += s * l;
+                }
+                // dA = s (g B)ᵀ x (r, k); dBᵀ = s (x Aᵀ)ᵀ g (r, n).
+                let (gb_t, u_t) = (transposed(&gb, rows, r), transposed(&u, rows, r));
+                let mut da = memagent_engine::gemm_n(&gb_t, r, x, rows, k);
+                let db_t = memagent_engine::gemm_n(&u_t, r, g, rows, n);
+                let mut db = transposed(&db_t, r, n);
+                da.iter_mut().chain(db.iter_mut()).for_each(|v| *v *= s);
+                Ok((dx, da, db))
             })
-        })?????;
+        })???;
         Ok((
             Some(Tensor::from_vec(dx, x.shape(), x.device())?),
             Some(Tensor::from_vec(da, a.shape(), a.device())?),

@@ -292,8 +292,8 @@ impl IntegerWeight {
 
     /// The weight with its rows unpacked once for every later product, where each
     /// product would unpack them again: for a weight multiplied many times over (a
-    /// frozen weight in training). Costs about 1.25 bytes per weight beside the file's
-    /// own bytes; the products' bits are unchanged.
+    /// frozen weight in training). Costs about 1.25 bytes per weight in place of the
+    /// file's own bytes, which it drops; the products' bits are unchanged.
     pub fn unpacked(mut self) -> Self {
         let tasks = (0..self.n.div_ceil(FEATURES_PER_TASK))
             .map(|task| {
@@ -302,6 +302,8 @@ impl IntegerWeight {
             })
             .collect();
         self.unpacked = Some(std::sync::Arc::new(tasks));
+        // The products read the unpacked rows alone from here on.
+        self.bytes = Vec::new();
         self
     }
 
