@@ -274,6 +274,13 @@ pub struct TrainSampleArgs {
     /// Documents read together, their steps decoded as one batch
     #[arg(long, default_value_t = 4)]
     pub batch: usize,
+    /// General mode with the line writer: keep every document's best reading, corrected
+    /// where it fell short (the model's fact lines kept, its other lines dropped, the
+    /// line of each fact it missed added at the step that states it), so documents whose
+    /// wordings the model does not yet know still teach it; --min-reward then applies to
+    /// question mode only
+    #[arg(long)]
+    pub correct: bool,
     /// Print the summary as JSON
     #[arg(long)]
     pub json: bool,

@@ -97,7 +97,8 @@ impl Default for DataConfig {
 }
 
 /// The oracle general memory before any fact.
-const NO_FACTS: &str = "No facts yet.";
+/// The oracle's memory of a general-mode trajectory before any fact was said.
+pub const NO_FACTS: &str = "No facts yet.";
 
 /// The fillers a split draws from.
 pub struct Fillers {
@@ -137,7 +138,7 @@ pub fn validation_filler() -> Result<Haystack> {
 }
 
 /// One step of a trajectory: the chunk read and the memory before and after it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Step {
     pub chunk: String,
     pub memory_before: String,
@@ -403,13 +404,82 @@ static TRAIN: Patterns = Patterns {
     kinds: &["number", "code", "password", "word", "id"],
     keys: CITIES,
     people: &[
-        "Alice", "Boris", "Carmen", "Deniz", "Elena", "Farid", "Greta", "Hiro", "Ines", "Jonas",
-        "Kemal", "Lena", "Marco", "Nadia", "Oskar", "Petra", "Rahul", "Sofia", "Tomas", "Ursula",
-        "Viktor", "Wanda", "Yusuf", "Zoe",
+        "Alice",
+        "Boris",
+        "Carmen",
+        "Deniz",
+        "Elena",
+        "Farid",
+        "Greta",
+        "Hiro",
+        "Ines",
+        "Jonas",
+        "Kemal",
+        "Lena",
+        "Marco",
+        "Nadia",
+        "Oskar",
+        "Petra",
+        "Rahul",
+        "Sofia",
+        "Tomas",
+        "Ursula",
+        "Viktor",
+        "Wanda",
+        "Yusuf",
+        "Zoe",
+        "Bartholomew",
+        "Ottoline",
+        "Cornelius",
+        "Philippa",
+        "Thaddeus",
+        "Ysolde",
+        "Anastasia",
+        "Maximilian",
+        "Rosalind",
+        "Leocadia",
+        "Evangeline",
+        "Florian",
+        "Isidora",
+        "Quentin",
+        "Seraphina",
+        "Wilhelmina",
+        "Octavia",
+        "Benedikt",
+        "Clementine",
+        "Dorothea",
+        "Eulalia",
+        "Tiberius",
     ],
     places: &[
-        "Porto", "Krakow", "Valencia", "Ghent", "Turku", "Bergen", "Split", "Leeds", "Lyon",
-        "Graz", "Bruges", "Aarhus", "Cork", "Bologna", "Sevilla", "Tartu",
+        "Porto",
+        "Krakow",
+        "Valencia",
+        "Ghent",
+        "Turku",
+        "Bergen",
+        "Split",
+        "Leeds",
+        "Lyon",
+        "Graz",
+        "Bruges",
+        "Aarhus",
+        "Cork",
+        "Bologna",
+        "Sevilla",
+        "Tartu",
+        "Ulaanbaatar",
+        "Nairobi",
+        "Valparaiso",
+        "Edinburgh",
+        "Marrakesh",
+        "Ljubljana",
+        "Winnipeg",
+        "Auckland",
+        "Cusco",
+        "Hanoi",
+        "Tallinn",
+        "Zanzibar",
     ],
     relation: &[
         "{a} is the {rel} of {b}.",
@@ -607,6 +677,153 @@ static TRAIN: Patterns = Patterns {
             "The user's dog is called {pet}.",
             "What is the user's dog called?",
         ),
+        // Further wordings, so that the writer learns what a fact is rather than a
+        // handful of sentences: the same facts said casually, inverted or in passing.
+        (
+            "Everyone knows me as {name}.",
+            "The user's name is {name}.",
+            "What is the user's name?",
+        ),
+        (
+            "Oh, I never told you my name: it's {name}.",
+            "The user's name is {name}.",
+            "What is the user's name?",
+        ),
+        (
+            "{name} here, hello again!",
+            "The user's name is {name}.",
+            "What is the user's name?",
+        ),
+        (
+            "The name on my passport is {name}.",
+            "The user's name is {name}.",
+            "What is the user's name?",
+        ),
+        (
+            "My birthday falls on {date}.",
+            "The user's birthday is {date}.",
+            "When is the user's birthday?",
+        ),
+        (
+            "I'm throwing a party on {date}, it's my birthday.",
+            "The user's birthday is {date}.",
+            "When is the user's birthday?",
+        ),
+        (
+            "Wish me a happy birthday on {date}!",
+            "The user's birthday is {date}.",
+            "When is the user's birthday?",
+        ),
+        (
+            "Home for me is {place}.",
+            "The user lives in {place}.",
+            "Where does the user live?",
+        ),
+        (
+            "I've settled down in {place} for good.",
+            "The user lives in {place}.",
+            "Where does the user live?",
+        ),
+        (
+            "We bought a house in {place} last year and live there.",
+            "The user lives in {place}.",
+            "Where does the user live?",
+        ),
+        (
+            "I break out in hives whenever I eat {food}.",
+            "The user is allergic to {food}.",
+            "What is the user allergic to?",
+        ),
+        (
+            "My doctor says I'm allergic to {food}.",
+            "The user is allergic to {food}.",
+            "What is the user allergic to?",
+        ),
+        (
+            "One bite of {food} and my throat swells up.",
+            "The user is allergic to {food}.",
+            "What is the user allergic to?",
+        ),
+        (
+            "Keep {food} away from me, I react badly to it.",
+            "The user is allergic to {food}.",
+            "What is the user allergic to?",
+        ),
+        (
+            "Ugh, I hate {food}.",
+            "The user dislikes {food}.",
+            "What food does the user dislike?",
+        ),
+        (
+            "Please never serve me {food}, I can't bear the taste.",
+            "The user dislikes {food}.",
+            "What food does the user dislike?",
+        ),
+        (
+            "I've never liked {food}.",
+            "The user dislikes {food}.",
+            "What food does the user dislike?",
+        ),
+        (
+            "I could eat {food} every single day.",
+            "The user's favourite food is {food}.",
+            "What is the user's favourite food?",
+        ),
+        (
+            "I love {food} more than any other dish.",
+            "The user's favourite food is {food}.",
+            "What is the user's favourite food?",
+        ),
+        (
+            "At work I'm a {job}.",
+            "The user works as a {job}.",
+            "What is the user's job?",
+        ),
+        (
+            "I'm a {job} by trade.",
+            "The user works as a {job}.",
+            "What is the user's job?",
+        ),
+        (
+            "I got hired as a {job} last year and still love it.",
+            "The user works as a {job}.",
+            "What is the user's job?",
+        ),
+        (
+            "{name2} is my {rel}, and they are based in {place}.",
+            "The user's {rel} {name2} lives in {place}.",
+            "Where does the user's {rel} live?",
+        ),
+        (
+            "My {rel}, {name2}, stays in {place}.",
+            "The user's {rel} {name2} lives in {place}.",
+            "Where does the user's {rel} live?",
+        ),
+        (
+            "{name2}, my {rel}, is a {job}.",
+            "The user's {rel} {name2} works as a {job}.",
+            "What is the job of the user's {rel}?",
+        ),
+        (
+            "Our dog {pet} is asleep next to me.",
+            "The user's dog is called {pet}.",
+            "What is the user's dog called?",
+        ),
+        (
+            "Final answer on the {item}: {date} it is.",
+            "Decision: book the {item} for {date}.",
+            "What was decided about the {item}?",
+        ),
+        (
+            "Note to self, the {item} needs renewing by {date}.",
+            "Open task: renew the {item} before {date}.",
+            "What does the user still need to do?",
+        ),
+        (
+            "We got married on {date}.",
+            "The user's anniversary is {date}.",
+            "When is the user's anniversary?",
+        ),
     ],
     chat_updates: &[
         (
@@ -668,6 +885,16 @@ static TRAIN: Patterns = Patterns {
         "Sure, no problem at all.",
         "What a busy afternoon it has been.",
         "I think I'll go for a walk later.",
+        "Haha, nice one.",
+        "Omg, really?",
+        "Ugh, Mondays.",
+        "Meh, whatever.",
+        "Hmm, not sure.",
+        "Yikes!",
+        "Brb, coffee.",
+        "Wow, okay.",
+        "Heh, true.",
+        "Yep.",
     ],
     remind: &[
         "Please remember this: ",

@@ -20,7 +20,7 @@ use memagent_engine::agent::{
     NO_MEMORY, UPDATE,
 };
 use memagent_engine::SamplingParams;
-use memagent_tasks::training::{Mode, Split, Trajectory};
+use memagent_tasks::training::{Mode, Split, Trajectory, NO_FACTS};
 use serde::{Deserialize, Serialize};
 
 use crate::data::TaskData;
@@ -41,6 +41,10 @@ pub struct SampleConfig {
     /// Least reward a kept trajectory has: 1 keeps only answers holding every value and
     /// memories keeping every planted fact.
     pub min_reward: f64,
+    /// General mode with the line writer: train on the best reading corrected where it
+    /// fell short ([`corrected`]) rather than only on readings that earned `min_reward`.
+    #[serde(default)]
+    pub correct: bool,
 }
 
 impl Default for SampleConfig {
@@ -52,6 +56,7 @@ impl Default for SampleConfig {
             seed: 1,
             writer: Writer::Lines,
             min_reward: 1.0,
+            correct: false,
         }
     }
 }
@@ -144,6 +149,9 @@ pub struct Sampled {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub answer: String,
     pub conversations: Vec<Conversation>,
+    /// The memory after each step, as the reading wrote it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memories: Vec<String>,
 }
 
 /// How one sampled reading ended.
@@ -166,20 +174,45 @@ pub struct Group {
     pub mode: Mode,
     pub samples: Vec<Outcome>,
     pub selected: Option<usize>,
+    /// Whether the selected reading was corrected before its conversations were kept.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub corrected: bool,
     /// The selected reading's conversations (none when nothing was selected).
     pub conversations: Vec<Conversation>,
 }
 
 impl Group {
     /// The group of `t` from its samples, the best kept.
-    pub fn of(index: u64, t: &Trajectory, samples: Vec<Sampled>, min_reward: f64) -> Group {
+    /// With `correct` (general mode, line writer), the best reading is kept whatever its
+    /// reward, corrected where it fell short.
+    pub fn of(
+        index: u64,
+        t: &Trajectory,
+        samples: Vec<Sampled>,
+        min_reward: f64,
+        correct: bool,
+    ) -> Group {
         let rewards: Vec<Reward> = samples.iter().map(|s| s.reward).collect();
-        let selected = select(&rewards, min_reward);
-        let conversations = selected.map_or_else(Vec::new, |i| samples[i].conversations.clone());
+        let correct = correct && t.mode == Mode::General;
+        // Corrected, even a reading that kept nothing teaches (it becomes the oracle's).
+        let selected = if correct {
+            select(&rewards, 0.0).or((!samples.is_empty()).then_some(0))
+        } else {
+            select(&rewards, min_reward)
+        };
+        let conversations = match selected {
+            None => Vec::new(),
+            Some(i) if correct => {
+                let fixed = corrected(t, &samples[i].memories);
+                conversations(t, &fixed, "", Writer::Lines, &HashSet::new())
+            }
+            Some(i) => samples[i].conversations.clone(),
+        };
         Group {
             index,
             family: t.family.to_string(),
             mode: t.mode,
+            corrected: correct && selected.is_some(),
             samples: samples
                 .into_iter()
                 .map(|s| Outcome {
@@ -314,13 +347,158 @@ pub fn sample_once(
         .iter()
         .zip(reports)
         .zip(memories.into_iter().zip(answers))
-        .map(|((t, steps), (memory, answer))| Sampled {
-            reward: reward(t, &memory, &answer),
-            conversations: conversations(t, &steps, &answer, config.writer),
-            memory,
-            answer,
+        .map(|((t, steps), (memory, answer))| {
+            let compacted: HashSet<usize> = steps
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| {
+                    s.repaired
+                        .as_deref()
+                        .is_some_and(|r| r.contains("compacted"))
+                })
+                .map(|(i, _)| i)
+                .collect();
+            let memories: Vec<String> = steps.iter().map(|s| s.memory.clone()).collect();
+            Sampled {
+                reward: reward(t, &memory, &answer),
+                conversations: conversations(
+                    t,
+                    &as_read(t, &memories),
+                    &answer,
+                    config.writer,
+                    &compacted,
+                ),
+                memories,
+                memory,
+                answer,
+            }
         })
         .collect())
+}
+
+/// `t` with the memories a reading wrote in place of the oracle's.
+fn as_read(t: &Trajectory, memories: &[String]) -> Trajectory {
+    let mut read = t.clone();
+    let mut before = NO_MEMORY.to_string();
+    for (step, memory) in read.steps.iter_mut().zip(memories) {
+        step.memory_before = std::mem::replace(&mut before, memory.clone());
+        step.memory_after.clone_from(memory);
+    }
+    read
+}
+
+/// Words of a line, as written (letters, digits, inner apostrophes), a trailing "'s"
+/// dropped.
+fn words_of(text: &str) -> Vec<&str> {
+    text.split(|c: char| !(c.is_alphanumeric() || c == '\''))
+        .map(|w| w.trim_matches('\''))
+        .map(|w| w.strip_suffix("'s").unwrap_or(w))
+        .filter(|w| !w.is_empty())
+        .collect()
+}
+
+/// Whether a model's memory line states the planted fact `oracle` (whose values are
+/// `values`): it holds every value, at least half the oracle line's other words that carry
+/// meaning ("lives", "allergic", "sister"), and no capitalised word that `source` (the
+/// chunk, the memory and the oracle's lines) lacks — a name it misspelled or invented.
+fn states(line: &str, oracle: &str, values: &[String], source: &HashSet<&str>) -> bool {
+    const GLUE: &[&str] = &[
+        "the", "a", "an", "is", "are", "as", "to", "in", "of", "for", "and", "user",
+    ];
+    let low = line.to_lowercase();
+    if !values.iter().all(|v| low.contains(&v.to_lowercase())) {
+        return false;
+    }
+    let value_words: HashSet<String> = values
+        .iter()
+        .flat_map(|v| {
+            words_of(v)
+                .into_iter()
+                .map(str::to_lowercase)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let mine: HashSet<String> = words_of(line).into_iter().map(str::to_lowercase).collect();
+    let meaning: Vec<String> = words_of(oracle)
+        .into_iter()
+        .map(str::to_lowercase)
+        .filter(|w| !GLUE.contains(&w.as_str()) && !value_words.contains(w))
+        .collect();
+    let shared = meaning.iter().filter(|w| mine.contains(*w)).count();
+    let invented = words_of(line)
+        .into_iter()
+        .any(|w| w.starts_with(char::is_uppercase) && !source.contains(w));
+    2 * shared >= meaning.len() && !invented
+}
+
+/// A general-mode line-writer reading corrected where it fell short, for training on
+/// states the model itself reaches (as DAgger does): each step keeps the lines the
+/// model wrote that state a planted fact ([`states`]), drops its other lines (small
+/// talk, invented, misspelt or half facts), and adds the oracle's line for each fact the
+/// chunk states that neither the memory nor the kept lines hold. The corrected memory
+/// is carried to the next step, merged as inference merges. A reading that kept every
+/// fact and wrote no noise is its own correction.
+pub fn corrected(t: &Trajectory, memories: &[String]) -> Trajectory {
+    use memagent_engine::agent::lines::{memory_lines, merge, render};
+    let holds = |line: &str, values: &[String]| {
+        let line = line.to_lowercase();
+        values.iter().all(|v| line.contains(&v.to_lowercase()))
+    };
+    // The values of an oracle line: those of the final fact it is, if it is one.
+    let values_of = |line: &str| -> Option<&[String]> {
+        t.memory_lines
+            .iter()
+            .position(|l| l == line)
+            .map(|k| t.fact_values[k].as_slice())
+    };
+    let mut fixed = t.clone();
+    let mut kept: Vec<String> = Vec::new();
+    let mut read_before: Vec<String> = Vec::new();
+    for (i, step) in fixed.steps.iter_mut().enumerate() {
+        let read: Vec<String> = memories.get(i).map(|m| memory_lines(m)).unwrap_or_default();
+        let mut source: HashSet<&str> = words_of(&step.chunk).into_iter().collect();
+        source.extend(t.steps[..=i].iter().flat_map(|s| words_of(&s.memory_after)));
+        let planted = |line: &str| {
+            t.memory_lines
+                .iter()
+                .zip(&t.fact_values)
+                .any(|(oracle, values)| states(line, oracle, values, &source))
+        };
+        let mut new: Vec<String> = read
+            .iter()
+            .filter(|l| !read_before.contains(l) && planted(l))
+            .cloned()
+            .collect();
+        read_before = read;
+        let oracle_before: Vec<&str> = step.memory_before.lines().collect();
+        for line in step.memory_after.lines() {
+            if line.trim().is_empty() || line == NO_FACTS || oracle_before.contains(&line) {
+                continue;
+            }
+            let held = match values_of(line) {
+                Some(values) => kept.iter().chain(&new).any(|l| holds(l, values)),
+                // A fact a later one replaced: held when written as the oracle words it.
+                None => kept.iter().chain(&new).any(|l| l == line),
+            };
+            if !held {
+                new.push(line.to_string());
+            }
+        }
+        let before = if kept.is_empty() {
+            NO_MEMORY.to_string()
+        } else {
+            render(&kept)
+        };
+        let (after, _) = merge(&before, &new, None).expect("a merge without an embedder");
+        kept = memory_lines(&after);
+        step.memory_before = before;
+        step.memory_after = if kept.is_empty() {
+            NO_MEMORY.to_string()
+        } else {
+            after
+        };
+    }
+    fixed
 }
 
 /// The conversations a sampled reading had, with the model's replies as targets: the
@@ -329,27 +507,13 @@ pub fn sample_once(
 /// of the line template), and so is general mode's final answer, which no sample wrote.
 fn conversations(
     t: &Trajectory,
-    steps: &[StepReport],
+    read: &Trajectory,
     answer: &str,
     writer: Writer,
+    compacted: &HashSet<usize>,
 ) -> Vec<Conversation> {
-    let mut read = t.clone();
-    let mut before = NO_MEMORY.to_string();
-    for (step, report) in read.steps.iter_mut().zip(steps) {
-        step.memory_before = std::mem::replace(&mut before, report.memory.clone());
-        step.memory_after.clone_from(&report.memory);
-    }
+    let mut read = read.clone();
     read.answer = answer.to_string();
-    let compacted: HashSet<usize> = steps
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| {
-            s.repaired
-                .as_deref()
-                .is_some_and(|r| r.contains("compacted"))
-        })
-        .map(|(i, _)| i)
-        .collect();
     let lines = t.mode == Mode::General && writer == Writer::Lines;
     read.examples(writer)
         .into_iter()
@@ -533,6 +697,119 @@ mod tests {
         assert_eq!(select(&[r(0.5, 0), r(0.75, 3)], 0.5), Some(1));
         assert_eq!(select(&[r(0.0, 0), r(0.0, 0)], 0.0), None, "nothing earned");
         assert_eq!(select(&[], 0.0), None);
+    }
+
+    /// Two steps: Ada's home in the first chunk, Ben's birthday in the second.
+    fn two_steps() -> Trajectory {
+        let mut t = trajectory(Mode::General);
+        t.steps = vec![
+            Step {
+                chunk: "user: Ada lives in Graz.\nuser: Nice weather.".into(),
+                memory_before: "No previous memory".into(),
+                memory_after: "Ada lives in Graz.".into(),
+                relevant: vec![],
+                distractors: vec![],
+            },
+            Step {
+                chunk: "user: Ben was born on 3 May.".into(),
+                memory_before: "Ada lives in Graz.".into(),
+                memory_after: "Ada lives in Graz.\nBen was born on 3 May.".into(),
+                relevant: vec![],
+                distractors: vec![],
+            },
+        ];
+        t
+    }
+
+    #[test]
+    fn a_reading_is_corrected_where_it_fell_short() {
+        let t = two_steps();
+        // The model wrote Ada's home its own way beside small talk, then missed Ben.
+        let read = [
+            "Ada lives in Graz now.\nThe weather was nice.".to_string(),
+            "Ada lives in Graz now.\nThe weather was nice.".to_string(),
+        ];
+        let fixed = corrected(&t, &read);
+        let memories: Vec<(&str, &str)> = fixed
+            .steps
+            .iter()
+            .map(|s| (s.memory_before.as_str(), s.memory_after.as_str()))
+            .collect();
+        assert_eq!(
+            memories,
+            [
+                ("No previous memory", "Ada lives in Graz now."),
+                (
+                    "Ada lives in Graz now.",
+                    "Ada lives in Graz now.\nBen was born on 3 May."
+                ),
+            ]
+        );
+        let targets: Vec<String> = conversations(&t, &fixed, "", Writer::Lines, &HashSet::new())
+            .into_iter()
+            .map(|c| c.target)
+            .collect();
+        assert_eq!(
+            targets,
+            ["Ada lives in Graz now.", "Ben was born on 3 May."]
+        );
+        // A reading that missed nothing and wrote no noise is its own correction.
+        let clean = [
+            "Ada lives in Graz.".to_string(),
+            "Ada lives in Graz.\nBen was born on 3 May this year.".to_string(),
+        ];
+        let fixed = corrected(&t, &clean);
+        assert_eq!(fixed.steps, as_read(&t, &clean).steps);
+        // An empty reading becomes the oracle's.
+        let empty = [
+            "No previous memory".to_string(),
+            "No previous memory".to_string(),
+        ];
+        assert_eq!(corrected(&t, &empty).steps, t.steps);
+        // Lines holding the values but not the fact are the oracle's again: another
+        // relation, or a name the chunk never gave.
+        for wrong in ["Ada's home is Graz.", "Ada's friend Zed lives in Graz."] {
+            let read = [wrong.to_string(), wrong.to_string()];
+            assert_eq!(corrected(&t, &read).steps, t.steps, "{wrong}");
+        }
+    }
+
+    #[test]
+    fn corrected_groups_keep_the_best_reading_whatever_its_reward() {
+        let t = two_steps();
+        let sampled = |memories: [&str; 2]| {
+            let memories: Vec<String> = memories.iter().map(|m| m.to_string()).collect();
+            Sampled {
+                reward: reward(&t, &memories[1], ""),
+                memory: memories[1].clone(),
+                answer: String::new(),
+                conversations: Vec::new(),
+                memories,
+            }
+        };
+        let samples = vec![
+            sampled(["No previous memory", "No previous memory"]),
+            sampled(["Ada lives in Graz.", "Ada lives in Graz."]),
+        ];
+        let plain = Group::of(7, &t, samples.clone(), 1.0, false);
+        assert_eq!((plain.selected, plain.corrected), (None, false));
+        assert!(plain.conversations.is_empty());
+        let targets = |g: &Group| -> Vec<String> {
+            g.conversations.iter().map(|c| c.target.clone()).collect()
+        };
+        let group = Group::of(7, &t, samples.clone(), 1.0, true);
+        assert_eq!((group.selected, group.corrected), (Some(1), true));
+        assert_eq!(
+            targets(&group),
+            ["Ada lives in Graz.", "Ben was born on 3 May."]
+        );
+        // A group that kept nothing at all is taught the oracle's lines.
+        let group = Group::of(7, &t, samples[..1].to_vec(), 1.0, true);
+        assert_eq!((group.selected, group.corrected), (Some(0), true));
+        assert_eq!(
+            targets(&group),
+            ["Ada lives in Graz.", "Ben was born on 3 May."]
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use memagent_engine::agent::Profile;
+use memagent_engine::agent::{Profile, Writer};
 use memagent_tasks::training::{trajectory, Mode, Split};
 use memagent_trainer::rejection::{read_groups, sample_once, Group, SampleConfig, Sampled};
 
@@ -24,7 +24,11 @@ pub fn run(global: &Settings, args: &TrainSampleArgs) -> Result<()> {
         seed: args.seed,
         writer: args.data.writer,
         min_reward: args.min_reward,
+        correct: args.correct,
     };
+    if config.correct && config.writer != Writer::Lines {
+        bail!("--correct corrects line-writer readings: use it with --writer lines");
+    }
     if config.temperature <= 0.0 {
         bail!("--temperature must be above 0: greedy readings of one document are all the same");
     }
@@ -82,7 +86,7 @@ pub fn run(global: &Settings, args: &TrainSampleArgs) -> Result<()> {
             }
         }
         for ((&i, t), samples) in batch.iter().zip(&trajectories).zip(samples) {
-            let group = Group::of(i, t, samples, config.min_reward);
+            let group = Group::of(i, t, samples, config.min_reward, config.correct);
             writeln!(out, "{}", serde_json::to_string(&group)?)?;
             if !global.quiet {
                 let rewards: Vec<String> = group
@@ -95,9 +99,11 @@ pub fn run(global: &Settings, args: &TrainSampleArgs) -> Result<()> {
                     group.mode,
                     group.family,
                     rewards.join(" "),
-                    group
-                        .selected
-                        .map_or("none kept".to_string(), |s| format!("kept sample {s}")),
+                    match (group.selected, group.corrected) {
+                        (None, _) => "none kept".to_string(),
+                        (Some(s), false) => format!("kept sample {s}"),
+                        (Some(s), true) => format!("kept sample {s}, corrected"),
+                    },
                     start.elapsed().as_secs_f64()
                 );
             }

@@ -5,8 +5,10 @@ use std::path::Path;
 
 use super::{stderr, tempdir, with_model};
 
-fn sample(out: &Path, seed: &str) -> String {
-    let o = with_model(&[
+/// `memctl train sample` of two small documents of the base model into `out`, with
+/// `extra` options.
+fn sample_run(out: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
         "--adapter",
         "none",
         "-q",
@@ -16,22 +18,32 @@ fn sample(out: &Path, seed: &str) -> String {
         out.to_str().unwrap(),
         "--count",
         "2",
-        "--samples",
-        "3",
-        "--seed",
-        seed,
-        "--general-share",
-        "0.5",
-        "--writer",
-        "lines",
         "--chunk-min",
         "96",
         "--chunk-max",
         "160",
-        "--min-reward",
-        "0",
         "--json",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    with_model(&args)
+}
+
+fn sample(out: &Path, seed: &str) -> String {
+    let o = sample_run(
+        out,
+        &[
+            "--samples",
+            "3",
+            "--seed",
+            seed,
+            "--general-share",
+            "0.5",
+            "--min-reward",
+            "0",
+            "--writer",
+            "lines",
+        ],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     std::fs::read_to_string(out).unwrap()
 }
@@ -79,6 +91,51 @@ fn rejection_sampling_with_a_fixed_seed_selects_the_same_trajectories() {
     // Documents already in the file are skipped: sampling again appends nothing.
     let again = sample(&dir.as_path().join("a.jsonl"), "5");
     assert_eq!(again, a);
+}
+
+#[test]
+fn corrected_sampling_keeps_every_general_document() {
+    let dir = tempdir();
+    let out = dir.as_path().join("c.jsonl");
+    let args = |writer| {
+        [
+            "--samples",
+            "1",
+            "--general-share",
+            "1",
+            "--correct",
+            "--writer",
+            writer,
+        ]
+    };
+    let o = sample_run(&out, &args("rewrite"));
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--writer lines"), "{}", stderr(&o));
+    let o = sample_run(&out, &args("lines"));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&out).unwrap();
+    let groups: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(groups.len(), 2);
+    for g in &groups {
+        // The base model seldom keeps every fact; corrected, each document still teaches.
+        assert_eq!(g["mode"], "general", "{g}");
+        assert_eq!(g["selected"], 0, "{g}");
+        assert_eq!(g["corrected"], true, "{g}");
+        let targets: Vec<&str> = g["conversations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["target"].as_str().unwrap())
+            .collect();
+        assert!(!targets.is_empty(), "{g}");
+        assert!(
+            targets.iter().any(|t| *t != "NONE"),
+            "no fact was taught: {g}"
+        );
+    }
 }
 
 #[test]
