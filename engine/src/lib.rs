@@ -44,8 +44,9 @@ pub use model::{
     StopReason, WeightPlan, DEFAULT_DRAFT_TOKENS,
 };
 pub use models::{
-    for_chunks, gemm_n, gemm_t, integer_prefill_types, integer_products_fast, matmul_t,
-    rope_tables, Architecture, Config, IntegerWeight, KvCache, Transformer,
+    for_chunks, gemm_n, gemm_t, integer_prefill_kernel, integer_prefill_types,
+    integer_products_fast, matmul_t, rope_tables, Architecture, Config, IntegerWeight, KvCache,
+    Transformer,
 };
 pub use sampling::{argmax, SamplingParams};
 pub use tokenizer::Tokenizer;

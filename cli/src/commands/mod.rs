@@ -93,8 +93,8 @@ pub(crate) fn prefill_weights() -> Result<PrefillWeights> {
         Some("copy") => Ok(PrefillWeights::Copy),
         Some(other) => anyhow::bail!(
             "MEMAGENT_PREFILL_WEIGHTS={other}: use integer (8-bit products on the file's own \
-             weights where the CPU has AVX-512 VNNI, the default), tiles (blocks dequantized \
-             to f32 inside the GEMM) or copy (an f32 copy of the weights)"
+             weights where the CPU has AVX-512 VNNI or AVX2, the default), tiles (blocks \
+             dequantized to f32 inside the GEMM) or copy (an f32 copy of the weights)"
         ),
     }
 }

@@ -50,8 +50,8 @@ fn prefill_path(info: &ModelInfo) -> Result<(String, Vec<String>)> {
             "f32 GEMM on blocks of dequantized weights (MEMAGENT_PREFILL_WEIGHTS=tiles)".to_string()
         }
         PrefillWeights::Integer if capable.is_empty() => {
-            "f32 GEMM on blocks of dequantized weights (this CPU has no AVX-512 VNNI for the \
-             8-bit integer products)"
+            "f32 GEMM on blocks of dequantized weights (this CPU has neither AVX-512 VNNI nor \
+             AVX2 for the 8-bit integer products)"
                 .to_string()
         }
         PrefillWeights::Integer if integer.is_empty() => {
@@ -60,7 +60,8 @@ fn prefill_path(info: &ModelInfo) -> Result<(String, Vec<String>)> {
                 .to_string()
         }
         PrefillWeights::Integer => format!(
-            "8-bit integer products (AVX-512 VNNI) for its {} weights, f32 GEMM for other types",
+            "8-bit integer products ({}) for its {} weights, f32 GEMM for other types",
+            memagent_engine::integer_prefill_kernel().unwrap_or("portable"),
             integer.join(", ")
         ),
     };

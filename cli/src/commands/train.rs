@@ -316,7 +316,8 @@ fn products_line(model: &TrainModel) -> Result<&'static str> {
         if !matches!(super::prefill_weights()?, PrefillWeights::Integer) {
             "f32 (MEMAGENT_PREFILL_WEIGHTS asks for f32 prefill)"
         } else if !memagent_engine::integer_products_fast() {
-            "f32 (this CPU has no AVX-512 VNNI for 8-bit integer products)"
+            "f32 (8-bit integer training products need AVX-512 VNNI: their backward pass \
+             multiplies Q8_0, which the AVX2 kernel does not take)"
         } else if model.integer_products() {
             "8-bit integers, as prefill's"
         } else {

@@ -1,4 +1,4 @@
-//! Prefill's `x · wᵀ` in 8-bit integers, on CPUs with AVX-512 VNNI.
+//! Prefill's `x · wᵀ` in 8-bit integers, on CPUs with AVX-512 VNNI or AVX2.
 //!
 //! The activations are quantized once per call, each block of 32 to signed bytes with an
 //! f16 scale and the block's sum (decode's Q8_1 rows); each task unpacks its block of
@@ -31,20 +31,66 @@ const FEATURES_PER_TASK: usize = 64;
 /// Rows of activations per micro-kernel call.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const ROWS: usize = 4;
+/// Rows per AVX2 micro-kernel call: its sixteen registers hold two rows' sums.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const AVX2_ROWS: usize = 2;
 
-/// Whether this CPU runs the integer product (checked once).
-pub(crate) fn available() -> bool {
+/// How this CPU multiplies in 8-bit integers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kernel {
+    /// AVX-512 VNNI: `vpdpbusd`, 64 products per instruction, for every block format.
+    Vnni,
+    /// AVX2: `vpmaddubsw` (16-bit sums of byte pairs, which saturate past ±32,767), so
+    /// only for weights within ±32 (every format but Q8_0), whose two steps of products
+    /// add up to at most 32,640.
+    Avx2,
+    /// Portable loops: the same bits, far slower; prefill keeps f32 tiles instead.
+    Portable,
+}
+
+/// This CPU's kernel (checked once). `MEMAGENT_INTEGER_KERNEL=avx2` or `portable` picks
+/// a slower one the CPU also runs, to measure what CPUs without AVX-512 VNNI get.
+fn kernel() -> Kernel {
     #[cfg(target_arch = "x86_64")]
     {
-        static VNNI: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
-            is_x86_feature_detected!("avx512f")
+        static KERNEL: std::sync::LazyLock<Kernel> = std::sync::LazyLock::new(|| {
+            let vnni = is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512bw")
-                && is_x86_feature_detected!("avx512vnni")
+                && is_x86_feature_detected!("avx512vnni");
+            let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+            match std::env::var("MEMAGENT_INTEGER_KERNEL").ok().as_deref() {
+                Some("portable") => Kernel::Portable,
+                Some("avx2") if avx2 => Kernel::Avx2,
+                _ if vnni => Kernel::Vnni,
+                _ if avx2 => Kernel::Avx2,
+                _ => Kernel::Portable,
+            }
         });
-        *VNNI
+        *KERNEL
     }
     #[cfg(not(target_arch = "x86_64"))]
-    false
+    Kernel::Portable
+}
+
+/// Whether this CPU multiplies weights of `format` in integers at speed: every format
+/// with AVX-512 VNNI, every format but Q8_0 with AVX2.
+pub(crate) fn available(format: Format) -> bool {
+    kernel() == Kernel::Vnni || kernel() == Kernel::Avx2 && fits_avx2(format)
+}
+
+/// The instruction set prefill's integer products run on here ("AVX-512 VNNI" or
+/// "AVX2"), or `None` where they do not run at speed.
+pub fn integer_prefill_kernel() -> Option<&'static str> {
+    match kernel() {
+        Kernel::Vnni => Some("AVX-512 VNNI"),
+        Kernel::Avx2 => Some("AVX2"),
+        Kernel::Portable => None,
+    }
+}
+
+/// Whether `format`'s integer weights stay within ±32 (see [`Kernel::Avx2`]).
+fn fits_avx2(format: Format) -> bool {
+    format != Format::Q8_0
 }
 
 /// Rows of activations quantized for the product: bytes offset by 128 (the unsigned
@@ -235,7 +281,15 @@ pub(crate) fn matmul_t(
     x: &[f32],
     rows: usize,
 ) -> Vec<f32> {
-    product(format, bytes, (n, k), x, rows, available())
+    product(format, bytes, (n, k), x, rows, kernel_for(format))
+}
+
+/// The kernel that multiplies `format` on this CPU.
+fn kernel_for(format: Format) -> Kernel {
+    match kernel() {
+        Kernel::Avx2 if !fits_avx2(format) => Kernel::Portable,
+        k => k,
+    }
 }
 
 /// A frozen weight multiplied by prefill's integer product, for callers outside the
@@ -318,31 +372,37 @@ impl IntegerWeight {
     pub fn matmul_t(&self, x: &[f32], rows: usize) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
         match &self.unpacked {
-            Some(tasks) => product_of(n, k, x, rows, available(), |task, _| {
+            Some(tasks) => product_of(n, k, x, rows, kernel_for(self.format), |task, _| {
                 std::borrow::Cow::Borrowed(&tasks[task])
             }),
-            None => product(self.format, &self.bytes, (n, k), x, rows, available()),
+            None => product(
+                self.format,
+                &self.bytes,
+                (n, k),
+                x,
+                rows,
+                kernel_for(self.format),
+            ),
         }
     }
 }
 
-/// Whether this CPU runs the integer product at speed (AVX-512 VNNI); elsewhere
-/// [`IntegerWeight::matmul_t`] falls back to portable loops.
+/// Whether this CPU runs every integer product at speed, Q8_0 included (AVX-512 VNNI);
+/// elsewhere [`IntegerWeight::matmul_t`] falls back to portable loops for some formats.
 pub fn integer_products_fast() -> bool {
-    available()
+    kernel() == Kernel::Vnni
 }
 
-/// [`matmul_t`], with the AVX-512 kernel when `fast` (tests run the portable loops
-/// beside it).
+/// [`matmul_t`] with `kernel` (tests run the portable loops beside the others).
 fn product(
     format: Format,
     bytes: &[u8],
     (n, k): (usize, usize),
     x: &[f32],
     rows: usize,
-    fast: bool,
+    kernel: Kernel,
 ) -> Vec<f32> {
-    product_of(n, k, x, rows, fast, |_, features| {
+    product_of(n, k, x, rows, kernel, |_, features| {
         std::borrow::Cow::Owned(Unpacked::new(format, bytes, n, k, features))
     })
 }
@@ -353,7 +413,7 @@ fn product_of<'a>(
     k: usize,
     x: &[f32],
     rows: usize,
-    fast: bool,
+    kernel: Kernel,
     unpacked: impl Fn(usize, Range<usize>) -> std::borrow::Cow<'a, Unpacked> + Sync,
 ) -> Vec<f32> {
     if rows == 0 || n == 0 {
@@ -370,7 +430,7 @@ fn product_of<'a>(
             let w = unpacked(task, features.clone());
             // SAFETY: each task writes only its own features' columns of the (rows, n)
             // buffer, which outlives the pool call.
-            unsafe { multiply(&acts, &w, out_ptr as *mut f32, n, features.start, fast) };
+            unsafe { multiply(&acts, &w, out_ptr as *mut f32, n, features.start, kernel) };
         }
     });
     // SAFETY: the tasks above wrote every row's output for every feature 0..n (each
@@ -390,16 +450,16 @@ unsafe fn multiply(
     out: *mut f32,
     n: usize,
     j0: usize,
-    fast: bool,
+    kernel: Kernel,
 ) {
     let rows = acts.rows();
     #[cfg(target_arch = "x86_64")]
-    if fast {
+    if kernel == Kernel::Vnni {
         for pair in 0..w.groups() / 2 {
             let mut i = 0;
             while i < rows {
                 let r = ROWS.min(rows - i);
-                // SAFETY: the CPU has the features (`fast`); the rest is the caller's.
+                // SAFETY: the CPU has the features (`kernel`); the rest is the caller's.
                 unsafe {
                     match (r, w.min.is_some()) {
                         (4, false) => vnni::tile::<4, false>(acts, i, w, pair, out, n, j0),
@@ -417,7 +477,31 @@ unsafe fn multiply(
         }
         return;
     }
-    let _ = fast;
+    #[cfg(target_arch = "x86_64")]
+    if kernel == Kernel::Avx2 {
+        for g in 0..w.groups() {
+            if g * LANES >= w.features {
+                break;
+            }
+            let mut i = 0;
+            while i < rows {
+                let r = AVX2_ROWS.min(rows - i);
+                // SAFETY: the CPU has the features (`kernel`), and the weights are within
+                // ±32 (`fits_avx2`); the rest is the caller's.
+                unsafe {
+                    match (r, w.min.is_some()) {
+                        (2, false) => avx2::tile::<2, false>(acts, i, w, g, out, n, j0),
+                        (2, true) => avx2::tile::<2, true>(acts, i, w, g, out, n, j0),
+                        (_, false) => avx2::tile::<1, false>(acts, i, w, g, out, n, j0),
+                        (_, true) => avx2::tile::<1, true>(acts, i, w, g, out, n, j0),
+                    }
+                }
+                i += r;
+            }
+        }
+        return;
+    }
+    let _ = kernel;
     for i in 0..rows {
         for f in 0..w.features {
             // SAFETY: the caller's promise.
@@ -531,6 +615,112 @@ mod vnni {
                 };
                 for r in 0..R {
                     _mm512_mask_storeu_ps(out.add((i0 + r) * n + j0 + first), mask, acc[r][c]);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{Activations, Unpacked, LANES, QK};
+
+    /// Rows `i0..i0 + R` of `acts` times the features of group `g` (two registers of
+    /// eight), written to their columns (from `j0 + 16 g`) of the (rows, n) buffer at
+    /// `out`. Each step's byte products are summed in pairs to 16 bits (`vpmaddubsw`),
+    /// two steps' sums added, then widened to the 32-bit lanes `vpdpbusd` fills: the
+    /// same integers, so the same bits as [`super::vnni::tile`] and [`super::output`].
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA; every weight within ±32; `i0 + R` rows must
+    /// exist; `out` as in [`super::multiply`].
+    #[target_feature(enable = "avx2,fma")]
+    // The register tile is indexed by row and half, as the product is.
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+    pub(super) unsafe fn tile<const R: usize, const MIN: bool>(
+        acts: &Activations,
+        i0: usize,
+        w: &Unpacked,
+        g: usize,
+        out: *mut f32,
+        n: usize,
+        j0: usize,
+    ) {
+        let (k, blocks, steps) = (w.k, w.blocks(), w.k / 4);
+        let act_blocks = k / QK;
+        let per_block = w.block / 4;
+        // SAFETY: every pointer stays inside its vector: g < w.groups(), rows
+        // i0 + R <= acts.rows(), steps and blocks within k (whole pairs of steps: a
+        // block holds 4 or 8).
+        unsafe {
+            let wq = w.q.as_ptr().add(g * steps * 4 * LANES);
+            let x: [*const u8; R] = std::array::from_fn(|r| acts.q.as_ptr().add((i0 + r) * k));
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = [[_mm256_setzero_ps(); 2]; R];
+            for b in 0..blocks {
+                let mut sums = [[_mm256_setzero_si256(); 2]; R];
+                let mut s = b * per_block;
+                while s < (b + 1) * per_block {
+                    let at = |s: usize, h: usize| {
+                        _mm256_loadu_si256(wq.add(s * 4 * LANES + 32 * h) as *const _)
+                    };
+                    let w0 = [at(s, 0), at(s, 1)];
+                    let w1 = [at(s + 1, 0), at(s + 1, 1)];
+                    for r in 0..R {
+                        let a0 =
+                            _mm256_set1_epi32((x[r].add(4 * s) as *const i32).read_unaligned());
+                        let a1 =
+                            _mm256_set1_epi32((x[r].add(4 * s + 4) as *const i32).read_unaligned());
+                        for h in 0..2 {
+                            let pairs = _mm256_add_epi16(
+                                _mm256_maddubs_epi16(a0, w0[h]),
+                                _mm256_maddubs_epi16(a1, w1[h]),
+                            );
+                            sums[r][h] =
+                                _mm256_add_epi32(sums[r][h], _mm256_madd_epi16(pairs, ones));
+                        }
+                    }
+                    s += 2;
+                }
+                let a = b * w.block / QK;
+                for h in 0..2 {
+                    let at = (g * blocks + b) * LANES + 8 * h;
+                    let scale = _mm256_loadu_ps(w.scale.as_ptr().add(at));
+                    let offset = _mm256_loadu_si256(w.offset.as_ptr().add(at) as *const _);
+                    for r in 0..R {
+                        let row = (i0 + r) * act_blocks + a;
+                        let isum = _mm256_cvtepi32_ps(_mm256_sub_epi32(sums[r][h], offset));
+                        let ds = _mm256_mul_ps(scale, _mm256_set1_ps(*acts.d.get_unchecked(row)));
+                        acc[r][h] = _mm256_fmadd_ps(isum, ds, acc[r][h]);
+                        if MIN {
+                            let min =
+                                _mm256_loadu_ps(w.min.as_ref().unwrap_unchecked().as_ptr().add(at));
+                            acc[r][h] = _mm256_fmadd_ps(
+                                min,
+                                _mm256_set1_ps(*acts.s.get_unchecked(row)),
+                                acc[r][h],
+                            );
+                        }
+                    }
+                }
+            }
+            for h in 0..2 {
+                let first = g * LANES + 8 * h;
+                if first >= w.features {
+                    break;
+                }
+                let valid = (w.features - first).min(8);
+                for r in 0..R {
+                    let dst = out.add((i0 + r) * n + j0 + first);
+                    if valid == 8 {
+                        _mm256_storeu_ps(dst, acc[r][h]);
+                    } else {
+                        let mut lanes = [0f32; 8];
+                        _mm256_storeu_ps(lanes.as_mut_ptr(), acc[r][h]);
+                        std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst, valid);
+                    }
                 }
             }
         }
@@ -656,12 +846,33 @@ mod tests {
             let (bytes, _) = weight(dtype, n, k, 22);
             let all = matmul_t(format, &bytes, n, k, &x, 15);
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            let portable = bits(&product(format, &bytes, (n, k), &x, 15, Kernel::Portable));
             assert_eq!(
                 bits(&all),
-                bits(&product(format, &bytes, (n, k), &x, 15, false)),
-                "{dtype:?}: kernel against the portable loops (AVX-512 VNNI: {})",
-                available()
+                portable,
+                "{dtype:?}: kernel against the portable loops ({:?})",
+                kernel()
             );
+            #[cfg(target_arch = "x86_64")]
+            if fits_avx2(format)
+                && is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+            {
+                for rows in [15, 1, 2, 3] {
+                    assert_eq!(
+                        bits(&product(
+                            format,
+                            &bytes,
+                            (n, k),
+                            &x[..rows * k],
+                            rows,
+                            Kernel::Avx2
+                        )),
+                        portable[..rows * n],
+                        "{dtype:?}: the AVX2 kernel against the portable loops, {rows} rows"
+                    );
+                }
+            }
             for rows in 1..15 {
                 let some = matmul_t(format, &bytes, n, k, &x[..rows * k], rows);
                 assert_eq!(

@@ -29,9 +29,9 @@ pub struct WeightPlan {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PrefillWeights {
     /// Activations quantized to 8-bit blocks and multiplied in integers with the file's
-    /// own weights, unpacked a block of rows at a time (`int_gemm`), on CPUs with AVX-512
-    /// VNNI and for Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K; [`Self::Tiles`]
-    /// elsewhere.
+    /// own weights, unpacked a block of rows at a time (`int_gemm`), for Q4_0, Q4_1,
+    /// Q5_0, Q8_0, Q4_K, Q5_K and Q6_K on CPUs with AVX-512 VNNI, and for all of them
+    /// but Q8_0 on CPUs with AVX2; [`Self::Tiles`] elsewhere.
     #[default]
     Integer,
     /// Each block of weight rows dequantized to f32 by the task that multiplies it, so
@@ -161,30 +161,30 @@ impl candle_core::CustomOp1 for Tiles {
 }
 
 /// The tensor types (named as [`GgmlDType`]'s `Debug` form, as `memctl model info` lists a
-/// file's types) that prefill multiplies in 8-bit integers on this CPU: none where it
-/// lacks AVX-512 VNNI.
+/// file's types) that prefill multiplies in 8-bit integers on this CPU: all the block
+/// formats with AVX-512 VNNI, all but Q8_0 with AVX2, none elsewhere.
 pub fn integer_prefill_types() -> Vec<String> {
     use GgmlDType::*;
-    if !super::int_gemm::available() {
-        return Vec::new();
-    }
     [
         F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2K, Q3K, Q4K, Q5K, Q6K, Q8K,
     ]
     .into_iter()
-    .filter(|&t| Format::of(t).is_some())
+    .filter(|&t| Format::of(t).is_some_and(super::int_gemm::available))
     .map(|t| format!("{t:?}"))
     .collect()
 }
 
 /// The block format of a weight the integer product takes on this CPU, if any: whole
-/// blocks per row, and a CPU with AVX-512 VNNI.
+/// blocks per row, and a CPU whose kernel takes the format.
 fn integer_format(weight: &QTensor) -> Result<Option<Format>> {
     let Some(format) = Format::of(weight.dtype()) else {
         return Ok(None);
     };
     let (_, k) = weight.shape().dims2()?;
-    Ok((super::int_gemm::available() && k.is_multiple_of(format.block_len())).then_some(format))
+    Ok(
+        (super::int_gemm::available(format) && k.is_multiple_of(format.block_len()))
+            .then_some(format),
+    )
 }
 
 /// The weights used for few rows (decode).

@@ -20,7 +20,7 @@ mod rowwise;
 mod transformer;
 
 pub use dense::{gemm_n, gemm_t, matmul_t};
-pub use int_gemm::{integer_products_fast, IntegerWeight};
+pub use int_gemm::{integer_prefill_kernel, integer_products_fast, IntegerWeight};
 pub use linear::{integer_prefill_types, PrefillWeights, WeightPlan};
 pub use pool::for_chunks;
 pub use transformer::{rope_tables, KvCache, Transformer};
