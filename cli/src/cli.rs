@@ -389,9 +389,8 @@ pub struct TrainRunArgs {
     /// warm-up) in a temporary directory, then print training tokens/s and useful
     /// GFLOP/s beside the prefill projections' GFLOP/s of the same model on this machine
     /// in the same run. Nothing is written to --out. Both run their products in 8-bit
-    /// integers where the CPU has AVX-512 VNNI (with AVX2 alone, prefill's run in
-    /// integers and training's in f32); MEMAGENT_PREFILL_WEIGHTS=tiles measures both in
-    /// f32
+    /// integers where the CPU has AVX-512 VNNI or AVX2; MEMAGENT_PREFILL_WEIGHTS=tiles
+    /// measures both in f32
     #[arg(long, value_name = "UPDATES", num_args = 0..=1, default_missing_value = "6")]
     pub bench: Option<u64>,
     /// Seed of the adapters' initial values

@@ -298,7 +298,7 @@ fn keep_freed_memory() {
 }
 
 /// The model to train: its frozen products in 8-bit integers where prefill's are
-/// (`MEMAGENT_PREFILL_WEIGHTS`, and a CPU with AVX-512 VNNI), in f32 otherwise.
+/// (`MEMAGENT_PREFILL_WEIGHTS`, and a CPU with AVX-512 VNNI or AVX2), in f32 otherwise.
 fn load_train_model(path: &Path, config: &TrainConfig) -> Result<TrainModel> {
     let integer = matches!(super::prefill_weights()?, PrefillWeights::Integer)
         && memagent_engine::integer_products_fast();
@@ -316,8 +316,7 @@ fn products_line(model: &TrainModel) -> Result<&'static str> {
         if !matches!(super::prefill_weights()?, PrefillWeights::Integer) {
             "f32 (MEMAGENT_PREFILL_WEIGHTS asks for f32 prefill)"
         } else if !memagent_engine::integer_products_fast() {
-            "f32 (8-bit integer training products need AVX-512 VNNI: their backward pass \
-             multiplies Q8_0, which the AVX2 kernel does not take)"
+            "f32 (this CPU has neither AVX-512 VNNI nor AVX2 for 8-bit integer products)"
         } else if model.integer_products() {
             "8-bit integers, as prefill's"
         } else {

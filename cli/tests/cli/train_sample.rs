@@ -220,16 +220,14 @@ fn training_reads_the_kept_conversations_of_a_samples_file() {
         }
         v["products"].as_str().unwrap().to_string()
     };
-    // MEMAGENT_INTEGER_KERNEL=avx2 or portable stands in for a CPU without VNNI.
-    let forced = matches!(
-        std::env::var("MEMAGENT_INTEGER_KERNEL").as_deref(),
-        Ok("avx2" | "portable")
-    );
+    // MEMAGENT_INTEGER_KERNEL=portable stands in for a CPU without either kernel.
+    let forced = std::env::var("MEMAGENT_INTEGER_KERNEL").as_deref() == Ok("portable");
     #[cfg(target_arch = "x86_64")]
     let vnni = !forced
-        && is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vnni");
+        && (is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vnni")
+            || is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"));
     #[cfg(not(target_arch = "x86_64"))]
     let vnni = {
         let _ = forced;

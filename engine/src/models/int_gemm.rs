@@ -40,9 +40,11 @@ const AVX2_ROWS: usize = 2;
 enum Kernel {
     /// AVX-512 VNNI: `vpdpbusd`, 64 products per instruction, for every block format.
     Vnni,
-    /// AVX2: `vpmaddubsw` (16-bit sums of byte pairs, which saturate past ±32,767), so
-    /// only for weights within ±32 (every format but Q8_0), whose two steps of products
-    /// add up to at most 32,640.
+    /// AVX2: `vpmaddubsw` (16-bit sums of byte pairs, which saturate past ±32,767).
+    /// Weights within ±32 (every format but Q8_0) multiply the offset activations and
+    /// add two steps (at most 32,640) before widening; weights within ±127 (Q8_0)
+    /// multiply the activations' magnitudes by the weights with the activations' signs
+    /// (at most 32,258 a pair), one step at a time.
     Avx2,
     /// Portable loops: the same bits, far slower; prefill keeps f32 tiles instead.
     Portable,
@@ -72,10 +74,11 @@ fn kernel() -> Kernel {
     Kernel::Portable
 }
 
-/// Whether this CPU multiplies weights of `format` in integers at speed: every format
-/// with AVX-512 VNNI, every format but Q8_0 with AVX2.
+/// Whether this CPU multiplies weights of `format` in integers at speed: every block
+/// format with AVX-512 VNNI or AVX2.
 pub(crate) fn available(format: Format) -> bool {
-    kernel() == Kernel::Vnni || kernel() == Kernel::Avx2 && fits_avx2(format)
+    let _ = format;
+    kernel() != Kernel::Portable
 }
 
 /// The instruction set prefill's integer products run on here ("AVX-512 VNNI" or
@@ -86,11 +89,6 @@ pub fn integer_prefill_kernel() -> Option<&'static str> {
         Kernel::Avx2 => Some("AVX2"),
         Kernel::Portable => None,
     }
-}
-
-/// Whether `format`'s integer weights stay within ±32 (see [`Kernel::Avx2`]).
-fn fits_avx2(format: Format) -> bool {
-    format != Format::Q8_0
 }
 
 /// Rows of activations quantized for the product: bytes offset by 128 (the unsigned
@@ -162,6 +160,8 @@ struct Unpacked {
     scale: Vec<f32>,
     min: Option<Vec<f32>>,
     offset: Vec<i32>,
+    /// The largest weight magnitude (128 for -128): which AVX2 product is exact.
+    max_abs: u8,
 }
 
 impl Unpacked {
@@ -197,6 +197,7 @@ impl Unpacked {
             scale: vec![0.0; groups * blocks * LANES],
             min: has_min.then(|| vec![0.0; groups * blocks * LANES]),
             offset: vec![0; groups * blocks * LANES],
+            max_abs: 0,
         };
         let row_bytes = bytes.len() / n;
         let mut q = vec![0i8; k];
@@ -206,6 +207,7 @@ impl Unpacked {
             let row = &bytes[j * row_bytes..(j + 1) * row_bytes];
             unpack_row(format, row, &mut q, &mut scale, &mut min);
             let (g, lane) = (f / LANES, f % LANES);
+            u.max_abs = q.iter().map(|v| v.unsigned_abs()).fold(u.max_abs, u8::max);
             let dst = &mut u.q[g * steps * 4 * LANES..(g + 1) * steps * 4 * LANES];
             for (s, four) in q.chunks_exact(4).enumerate() {
                 dst[(s * LANES + lane) * 4..(s * LANES + lane) * 4 + 4].copy_from_slice(four);
@@ -281,15 +283,7 @@ pub(crate) fn matmul_t(
     x: &[f32],
     rows: usize,
 ) -> Vec<f32> {
-    product(format, bytes, (n, k), x, rows, kernel_for(format))
-}
-
-/// The kernel that multiplies `format` on this CPU.
-fn kernel_for(format: Format) -> Kernel {
-    match kernel() {
-        Kernel::Avx2 if !fits_avx2(format) => Kernel::Portable,
-        k => k,
-    }
+    product(format, bytes, (n, k), x, rows, kernel())
 }
 
 /// A frozen weight multiplied by prefill's integer product, for callers outside the
@@ -372,25 +366,18 @@ impl IntegerWeight {
     pub fn matmul_t(&self, x: &[f32], rows: usize) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
         match &self.unpacked {
-            Some(tasks) => product_of(n, k, x, rows, kernel_for(self.format), |task, _| {
+            Some(tasks) => product_of(n, k, x, rows, kernel(), |task, _| {
                 std::borrow::Cow::Borrowed(&tasks[task])
             }),
-            None => product(
-                self.format,
-                &self.bytes,
-                (n, k),
-                x,
-                rows,
-                kernel_for(self.format),
-            ),
+            None => product(self.format, &self.bytes, (n, k), x, rows, kernel()),
         }
     }
 }
 
-/// Whether this CPU runs every integer product at speed, Q8_0 included (AVX-512 VNNI);
-/// elsewhere [`IntegerWeight::matmul_t`] falls back to portable loops for some formats.
+/// Whether this CPU runs the integer products at speed (AVX-512 VNNI or AVX2);
+/// elsewhere [`IntegerWeight::matmul_t`] falls back to portable loops.
 pub fn integer_products_fast() -> bool {
-    kernel() == Kernel::Vnni
+    kernel() != Kernel::Portable
 }
 
 /// [`matmul_t`] with `kernel` (tests run the portable loops beside the others).
@@ -478,7 +465,8 @@ unsafe fn multiply(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if kernel == Kernel::Avx2 {
+    if kernel == Kernel::Avx2 && (w.max_abs <= 32 || w.max_abs <= 127 && w.min.is_none()) {
+        let signed = w.max_abs > 32;
         for g in 0..w.groups() {
             if g * LANES >= w.features {
                 break;
@@ -487,13 +475,20 @@ unsafe fn multiply(
             while i < rows {
                 let r = AVX2_ROWS.min(rows - i);
                 // SAFETY: the CPU has the features (`kernel`), and the weights are within
-                // ±32 (`fits_avx2`); the rest is the caller's.
+                // ±32, or within ±127 for the signed product (checked above); the rest is
+                // the caller's.
                 unsafe {
-                    match (r, w.min.is_some()) {
-                        (2, false) => avx2::tile::<2, false>(acts, i, w, g, out, n, j0),
-                        (2, true) => avx2::tile::<2, true>(acts, i, w, g, out, n, j0),
-                        (_, false) => avx2::tile::<1, false>(acts, i, w, g, out, n, j0),
-                        (_, true) => avx2::tile::<1, true>(acts, i, w, g, out, n, j0),
+                    match (r, w.min.is_some(), signed) {
+                        (2, false, false) => {
+                            avx2::tile::<2, false, false>(acts, i, w, g, out, n, j0)
+                        }
+                        (2, true, false) => avx2::tile::<2, true, false>(acts, i, w, g, out, n, j0),
+                        (2, _, true) => avx2::tile::<2, false, true>(acts, i, w, g, out, n, j0),
+                        (_, false, false) => {
+                            avx2::tile::<1, false, false>(acts, i, w, g, out, n, j0)
+                        }
+                        (_, true, false) => avx2::tile::<1, true, false>(acts, i, w, g, out, n, j0),
+                        (_, _, true) => avx2::tile::<1, false, true>(acts, i, w, g, out, n, j0),
                     }
                 }
                 i += r;
@@ -632,14 +627,16 @@ mod avx2 {
     /// `out`. Each step's byte products are summed in pairs to 16 bits (`vpmaddubsw`),
     /// two steps' sums added, then widened to the 32-bit lanes `vpdpbusd` fills: the
     /// same integers, so the same bits as [`super::vnni::tile`] and [`super::output`].
+    /// `SIGNED` (weights beyond ±32): each step alone, the activations' magnitudes times
+    /// the weights with the activations' signs, which sums Σ q·w without the offset.
     ///
     /// # Safety
-    /// The CPU must have AVX2 and FMA; every weight within ±32; `i0 + R` rows must
-    /// exist; `out` as in [`super::multiply`].
+    /// The CPU must have AVX2 and FMA; every weight within ±32, or within ±127 when
+    /// `SIGNED`; `i0 + R` rows must exist; `out` as in [`super::multiply`].
     #[target_feature(enable = "avx2,fma")]
     // The register tile is indexed by row and half, as the product is.
     #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-    pub(super) unsafe fn tile<const R: usize, const MIN: bool>(
+    pub(super) unsafe fn tile<const R: usize, const MIN: bool, const SIGNED: bool>(
         acts: &Activations,
         i0: usize,
         w: &Unpacked,
@@ -662,7 +659,22 @@ mod avx2 {
             for b in 0..blocks {
                 let mut sums = [[_mm256_setzero_si256(); 2]; R];
                 let mut s = b * per_block;
-                while s < (b + 1) * per_block {
+                while SIGNED && s < (b + 1) * per_block {
+                    let w0 = [0, 1]
+                        .map(|h| _mm256_loadu_si256(wq.add(s * 4 * LANES + 32 * h) as *const _));
+                    for r in 0..R {
+                        let a = _mm256_set1_epi32((x[r].add(4 * s) as *const i32).read_unaligned());
+                        let signed = _mm256_xor_si256(a, _mm256_set1_epi8(-128));
+                        let size = _mm256_abs_epi8(signed);
+                        for h in 0..2 {
+                            let pairs = _mm256_maddubs_epi16(size, _mm256_sign_epi8(w0[h], signed));
+                            sums[r][h] =
+                                _mm256_add_epi32(sums[r][h], _mm256_madd_epi16(pairs, ones));
+                        }
+                    }
+                    s += 1;
+                }
+                while !SIGNED && s < (b + 1) * per_block {
                     let at = |s: usize, h: usize| {
                         _mm256_loadu_si256(wq.add(s * 4 * LANES + 32 * h) as *const _)
                     };
@@ -691,7 +703,11 @@ mod avx2 {
                     let offset = _mm256_loadu_si256(w.offset.as_ptr().add(at) as *const _);
                     for r in 0..R {
                         let row = (i0 + r) * act_blocks + a;
-                        let isum = _mm256_cvtepi32_ps(_mm256_sub_epi32(sums[r][h], offset));
+                        let isum = if SIGNED {
+                            _mm256_cvtepi32_ps(sums[r][h])
+                        } else {
+                            _mm256_cvtepi32_ps(_mm256_sub_epi32(sums[r][h], offset))
+                        };
                         let ds = _mm256_mul_ps(scale, _mm256_set1_ps(*acts.d.get_unchecked(row)));
                         acc[r][h] = _mm256_fmadd_ps(isum, ds, acc[r][h]);
                         if MIN {
@@ -835,6 +851,32 @@ mod tests {
         assert!(IntegerWeight::of(&f16).unwrap().is_none());
     }
 
+    /// A Q8_0 byte of -128 (no quantizer writes one, a file may hold one) has no
+    /// magnitude the AVX2 signed product takes: those rows run the portable loops, with
+    /// the same bits.
+    #[test]
+    fn a_weight_of_minus_128_keeps_its_bits() {
+        let (n, k, rows) = (40, 256, 3);
+        let mut x = probe_values(rows * k, 41);
+        let (mut bytes, _) = weight(GgmlDType::Q8_0, n, k, 42);
+        // Feature 1, depth 37; negative activations there flip the weight's sign.
+        bytes[Format::Q8_0.block_bytes() * 9 + 2 + 5] = 0x80;
+        for i in 0..rows {
+            x[i * k + 37] = -1.0;
+        }
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let portable = product(Format::Q8_0, &bytes, (n, k), &x, rows, Kernel::Portable);
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            let avx2 = product(Format::Q8_0, &bytes, (n, k), &x, rows, Kernel::Avx2);
+            assert_eq!(bits(&avx2), bits(&portable));
+        }
+        assert_eq!(
+            bits(&matmul_t(Format::Q8_0, &bytes, n, k, &x, rows)),
+            bits(&portable)
+        );
+    }
+
     /// A row's outputs have the same bits whether it is multiplied alone or among up to
     /// fifteen others, and the same as the portable loops'.
     #[test]
@@ -854,10 +896,7 @@ mod tests {
                 kernel()
             );
             #[cfg(target_arch = "x86_64")]
-            if fits_avx2(format)
-                && is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-            {
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
                 for rows in [15, 1, 2, 3] {
                     assert_eq!(
                         bits(&product(
