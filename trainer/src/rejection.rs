@@ -88,18 +88,11 @@ pub fn reward(t: &Trajectory, memory: &str, answer: &str) -> Reward {
             }
         }
         Mode::General => {
-            let low = memory.to_lowercase();
-            let holds = |text: &str, values: &[String]| {
-                values.iter().all(|v| text.contains(&v.to_lowercase()))
-            };
-            let kept = t.fact_values.iter().filter(|vs| holds(&low, vs)).count();
+            let kept = t.fact_values.iter().filter(|vs| holds(memory, vs)).count();
             let noise_lines = memory
                 .lines()
                 .filter(|l| !l.trim().is_empty())
-                .filter(|l| {
-                    let l = l.to_lowercase();
-                    !t.fact_values.iter().any(|vs| holds(&l, vs))
-                })
+                .filter(|l| !t.fact_values.iter().any(|vs| holds(l, vs)))
                 .count();
             Reward {
                 score: kept as f64 / t.fact_values.len().max(1) as f64,
@@ -107,6 +100,12 @@ pub fn reward(t: &Trajectory, memory: &str, answer: &str) -> Reward {
             }
         }
     }
+}
+
+/// Whether `text` holds every one of `values`, ignoring case.
+fn holds(text: &str, values: &[String]) -> bool {
+    let text = text.to_lowercase();
+    values.iter().all(|v| text.contains(&v.to_lowercase()))
 }
 
 /// The trajectory of a group to train on: the highest score, then the fewest noise lines,
@@ -405,8 +404,7 @@ fn states(line: &str, oracle: &str, values: &[String], source: &HashSet<&str>) -
     const GLUE: &[&str] = &[
         "the", "a", "an", "is", "are", "as", "to", "in", "of", "for", "and", "user",
     ];
-    let low = line.to_lowercase();
-    if !values.iter().all(|v| low.contains(&v.to_lowercase())) {
+    if !holds(line, values) {
         return false;
     }
     let value_words: HashSet<String> = values
@@ -440,10 +438,6 @@ fn states(line: &str, oracle: &str, values: &[String], source: &HashSet<&str>) -
 /// fact and wrote no noise is its own correction.
 pub fn corrected(t: &Trajectory, memories: &[String]) -> Trajectory {
     use memagent_engine::agent::lines::{memory_lines, merge, render};
-    let holds = |line: &str, values: &[String]| {
-        let line = line.to_lowercase();
-        values.iter().all(|v| line.contains(&v.to_lowercase()))
-    };
     // The values of an oracle line: those of the final fact it is, if it is one.
     let values_of = |line: &str| -> Option<&[String]> {
         t.memory_lines
