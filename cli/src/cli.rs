@@ -340,6 +340,13 @@ pub struct TrainDataArgs {
     /// Print whole trajectories (every step's chunk and oracle memory) instead of examples
     #[arg(long)]
     pub trajectories: bool,
+    /// Print every memory-update step of the trajectories as the model reads it: the
+    /// message, its prompt's token ids (chat template applied, as the engine prompts), the
+    /// oracle reply, and the values of each fact the chunk states and of each stated
+    /// before (a reply keeps a fact when it holds all its values). The input of a
+    /// reinforcement-learning trainer outside this one, e.g. GRPO on a GPU
+    #[arg(long, conflicts_with = "trajectories")]
+    pub steps: bool,
 }
 
 #[derive(Debug, Args)]

@@ -147,6 +147,10 @@ pub struct Step {
     pub relevant: Vec<String>,
     /// Planted sentences in this chunk that are not (must stay out).
     pub distractors: Vec<String>,
+    /// General mode: the values each relevant sentence states (in `relevant`'s order); a
+    /// reply keeps the fact when it holds them all.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<Vec<String>>,
 }
 
 /// Which templates a trajectory uses.
@@ -1579,6 +1583,7 @@ fn question(
                 .filter(|&&i| !plants[i].relevant)
                 .map(|&i| plants[i].text.clone())
                 .collect(),
+            values: Vec::new(),
         });
     }
     let answer = format!("The answer is \\boxed{{{}}}.", expected.join(", "));
@@ -1888,12 +1893,13 @@ fn general(
     let flush = |current: &mut Vec<(String, Option<usize>)>,
                  memory: &mut Vec<usize>,
                  before: &mut String| {
-        let mut relevant = Vec::new();
+        let (mut relevant, mut values) = (Vec::new(), Vec::new());
         for (_, f) in current.iter() {
             if let Some(i) = *f {
                 memory.retain(|&j| facts[j].slot != facts[i].slot);
                 memory.push(i);
                 relevant.push(facts[i].said.clone());
+                values.push(facts[i].values.clone());
             }
         }
         let after = if memory.is_empty() {
@@ -1916,6 +1922,7 @@ fn general(
             memory_after: after,
             relevant,
             distractors: Vec::new(),
+            values,
         };
         current.clear();
         step

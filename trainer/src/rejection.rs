@@ -650,6 +650,7 @@ mod tests {
                 memory_after: "Ada lives in Graz.".into(),
                 relevant: vec![],
                 distractors: vec![],
+                values: vec![],
             }],
             answer: "\\boxed{Graz}".into(),
             expected: vec!["Graz".into()],
@@ -703,6 +704,7 @@ mod tests {
                 memory_after: "Ada lives in Graz.".into(),
                 relevant: vec![],
                 distractors: vec![],
+                values: vec![],
             },
             Step {
                 chunk: "user: Ben was born on 3 May.".into(),
@@ -710,6 +712,7 @@ mod tests {
                 memory_after: "Ada lives in Graz.\nBen was born on 3 May.".into(),
                 relevant: vec![],
                 distractors: vec![],
+                values: vec![],
             },
         ];
         t

@@ -247,3 +247,71 @@ fn training_reads_the_kept_conversations_of_a_samples_file() {
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("bad.jsonl:2"), "{}", stderr(&o));
 }
+
+/// `train data --steps`: each update step as the model reads it, with the values of the
+/// facts its chunk states (each found in the chunk) and of the facts stated before.
+#[test]
+fn data_steps_give_each_prompt_with_its_facts() {
+    let o = with_model(&[
+        "-q",
+        "train",
+        "data",
+        "--steps",
+        "--writer",
+        "lines",
+        "--general-share",
+        "1",
+        "--chunk-max",
+        "256",
+        "--count",
+        "6",
+        "--data-seed",
+        "3",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(rows.len() >= 6, "{} steps", rows.len());
+    let mut earlier: Vec<serde_json::Value> = Vec::new();
+    let mut facts = 0;
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r["mode"], "general");
+        if r["step"] == 0 {
+            earlier.clear();
+        } else {
+            assert_eq!(r["index"], rows[i - 1]["index"]);
+            assert_eq!(
+                r["step"].as_u64(),
+                rows[i - 1]["step"].as_u64().map(|s| s + 1)
+            );
+        }
+        assert_eq!(r["earlier_values"].as_array().unwrap(), &earlier, "{r}");
+        let message = r["message"].as_str().unwrap();
+        let chunk = message.split("New section:").nth(1).unwrap().to_lowercase();
+        for fact in r["values"].as_array().unwrap() {
+            facts += 1;
+            for v in fact.as_array().unwrap() {
+                let v = v.as_str().unwrap().to_lowercase();
+                assert!(chunk.contains(&v), "{v} not in the chunk:\n{chunk}");
+            }
+            earlier.push(fact.clone());
+        }
+        // The prompt is the message in the model's chat template.
+        let ids = r["prompt_ids"].as_array().unwrap().len();
+        let t = with_model(&["-q", "tokenize", "--json", message]);
+        let count: serde_json::Value = serde_json::from_slice(&t.stdout).unwrap();
+        let n = count["count"].as_u64().unwrap() as usize;
+        assert!(
+            ids > n && ids < n + 64,
+            "{ids} prompt tokens for a {n}-token message"
+        );
+    }
+    assert!(facts > 0, "no step stated a fact");
+    let empty = with_model(&["-q", "train", "data", "--steps", "--trajectories"]);
+    assert!(
+        !empty.status.success(),
+        "--steps and --trajectories are exclusive"
+    );
+}
