@@ -10,7 +10,9 @@
 //!   Krakow."). Embeddings do not tell this apart: for all-MiniLM-L6-v2 a changed value
 //!   (0.55-0.83) scores like another fact about the same person (0.55-0.61) or the same
 //!   fact about another person (0.64-0.67);
-//! - the model's degenerate lines (hygiene) and its NONE are dropped.
+//! - the model's degenerate lines (hygiene) and its NONE are dropped;
+//! - a line of several sentences ("The user lives in Kyoto. The user is a nurse.") is
+//!   one fact per sentence, so each is deduplicated, replaced and judged on its own.
 //!
 //! Only when the merged memory passes the cap M does the model rewrite it whole, to
 //! compact it. The published protocol (`rewrite`) is untouched: RL-trained checkpoints
@@ -73,8 +75,8 @@ pub fn memory_lines(memory: &str) -> Vec<String> {
         .collect()
 }
 
-/// The facts of a line-writer reply, numbering stripped, and how many of its lines were
-/// no fact: NONE, degenerate (hygiene), or under three words.
+/// The facts of a line-writer reply, numbering stripped, one per sentence, and how many
+/// of its sentences were no fact: NONE, degenerate (hygiene), or under three words.
 pub fn new_lines(reply: &str, template: Template) -> (Vec<String>, usize) {
     let mut facts = Vec::new();
     let mut dropped = 0;
@@ -83,14 +85,65 @@ pub fn new_lines(reply: &str, template: Template) -> (Vec<String>, usize) {
         if key.is_empty() {
             continue;
         }
-        let none = key.trim_end_matches('.').eq_ignore_ascii_case("none");
-        if none || degenerate(line, template).is_some() || words(key).len() < 3 {
+        // A copied chat turn is judged whole: its text after "user:" may be sentences.
+        if degenerate(line, template).is_some() {
             dropped += 1;
-        } else {
-            facts.push(key.to_string());
+            continue;
+        }
+        for sentence in sentences(key) {
+            let none = sentence.trim_end_matches('.').eq_ignore_ascii_case("none");
+            if none || degenerate(sentence, template).is_some() || words(sentence).len() < 3 {
+                dropped += 1;
+            } else {
+                facts.push(sentence.to_string());
+            }
         }
     }
     (facts, dropped)
+}
+
+/// Words after which a full stop ends no sentence ("Dr. Okafor", "St. Louis").
+const ABBREVIATIONS: &[&str] = &[
+    "mr", "mrs", "ms", "dr", "st", "jr", "sr", "prof", "mt", "no", "vs", "etc", "approx",
+];
+
+/// The sentences of a line: it is cut after `.`, `!` or `?` followed by a space and a
+/// capital letter or digit, unless the word before the stop is an abbreviation or one
+/// letter (an initial).
+pub fn sentences(line: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let chars: Vec<(usize, char)> = line.char_indices().collect();
+    for (k, &(i, c)) in chars.iter().enumerate() {
+        if !matches!(c, '.' | '!' | '?') {
+            continue;
+        }
+        let (Some(&(_, space)), Some(&(_, next))) = (chars.get(k + 1), chars.get(k + 2)) else {
+            continue;
+        };
+        if space != ' ' || !(next.is_uppercase() || next.is_ascii_digit()) {
+            continue;
+        }
+        let word = line[start..i]
+            .rsplit(|ch: char| !ch.is_alphanumeric())
+            .next()
+            .unwrap_or_default();
+        if c == '.'
+            && (word.chars().count() == 1 || ABBREVIATIONS.contains(&word.to_lowercase().as_str()))
+        {
+            continue;
+        }
+        let sentence = line[start..=i].trim();
+        if !sentence.is_empty() {
+            out.push(sentence);
+        }
+        start = i + 1;
+    }
+    let rest = line[start..].trim();
+    if !rest.is_empty() {
+        out.push(rest);
+    }
+    out
 }
 
 /// Lowercase words of a line (letters, digits and inner apostrophes).
@@ -195,6 +248,35 @@ mod tests {
         let (facts, dropped) = new_lines(reply, GENERAL_LINES);
         assert_eq!(facts, strings(&["Ravi lives in Graz.", "Bo's code is 42."]));
         assert_eq!(dropped, 4);
+    }
+
+    #[test]
+    fn a_line_of_several_sentences_is_a_fact_per_sentence() {
+        let reply = "The user's name is Marisol. The user works as a nurse. The user's name is Marisol.\nDr. Okafor lives in St. Louis. Ok.\nJ. R. Tolkien wrote it in 1937. 2 cats live here!";
+        let (facts, dropped) = new_lines(reply, GENERAL_LINES);
+        assert_eq!(
+            facts,
+            strings(&[
+                "The user's name is Marisol.",
+                "The user works as a nurse.",
+                "The user's name is Marisol.",
+                "Dr. Okafor lives in St. Louis.",
+                "J. R. Tolkien wrote it in 1937.",
+                "2 cats live here!",
+            ])
+        );
+        assert_eq!(dropped, 1, "\"Ok.\" is under three words");
+        assert_eq!(
+            sentences("Lives at No. 5 Baker Street."),
+            ["Lives at No. 5 Baker Street."]
+        );
+        assert_eq!(
+            sentences("Version 2.5 ships. Then 3.0."),
+            ["Version 2.5 ships.", "Then 3.0."]
+        );
+        let (memory, report) = merge(NO_MEMORY, &facts, None).unwrap();
+        assert_eq!(report.duplicates, 1);
+        assert_eq!(memory.lines().count(), 5, "{memory}");
     }
 
     #[test]
