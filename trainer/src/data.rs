@@ -68,6 +68,13 @@ impl TaskData {
         )?)
     }
 
+    /// Tokens of `message` as the engine prompts with it: the chat template's user turn,
+    /// ending where the reply begins.
+    pub fn prompt_ids(&self, message: &str) -> Result<Vec<u32>> {
+        let prompt = self.template.render(&[Message::user(message)], true)?;
+        Ok(self.tokenizer.encode(&prompt, false)?)
+    }
+
     /// Tokens of `message` as a prompt and `target` as its reply, weighted against
     /// `memory_before` (an update step's memory; `None`: every token weighs 1).
     pub fn tokenize(
@@ -76,8 +83,7 @@ impl TaskData {
         target: &str,
         memory_before: Option<&str>,
     ) -> Result<Sequence> {
-        let prompt = self.template.render(&[Message::user(message)], true)?;
-        let mut ids = self.tokenizer.encode(&prompt, false)?;
+        let mut ids = self.prompt_ids(message)?;
         let target_start = ids.len();
         let end = self.tokenizer.eos_token().unwrap_or("");
         let (reply, weights) = self.weighted_reply(target, end, memory_before)?;

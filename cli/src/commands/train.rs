@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
-use memagent_engine::{sha256_file, Message, PrefillWeights};
+use memagent_engine::{sha256_file, PrefillWeights};
 use memagent_tasks::training::{trajectory, DataConfig, Split};
 use memagent_trainer::{
     loss_curve, read_log, AdamWConfig, Event, LoraConfig, Run, SampledExamples, Target, TaskData,
@@ -70,11 +70,10 @@ fn print_data(global: &Settings, args: &TrainDataArgs) -> Result<()> {
             let mut before: Vec<Vec<String>> = Vec::new();
             let updates = t.examples(data.config.writer);
             for (n, (s, e)) in t.steps.iter().zip(&updates).enumerate() {
-                let prompt = data.template.render(&[Message::user(&e.message)], true)?;
                 let row = serde_json::json!({
                     "index": i, "step": n, "split": split, "family": t.family, "mode": t.mode,
                     "template": e.template, "message": e.message,
-                    "prompt_ids": data.tokenizer.encode(&prompt, false)?,
+                    "prompt_ids": data.prompt_ids(&e.message)?,
                     "target": e.target, "values": s.values, "earlier_values": before,
                 });
                 writeln!(out, "{}", serde_json::to_string(&row)?)?;
