@@ -790,7 +790,7 @@ mod tests {
                     let q = blocks::quantize_q8_1(row);
                     q.qs.iter()
                         .enumerate()
-                        .map(|(c, &v)| q.d[c / QK] * f32::from(v))
+                        .map(|(c, &v)| q.d(c / QK) * f32::from(v))
                         .collect::<Vec<_>>()
                 })
                 .collect();

@@ -207,7 +207,7 @@ pub(crate) fn dots(format: KFormat, w: &[u8], xs: &[&Q8KRow], out: &mut [f32]) {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::super::blocks::avx2::hsum;
+    use super::super::blocks::avx2::{hsum, prefetch};
     use super::{half_at, scale_min, KFormat, Q8KRow, QK_K};
 
     /// The formats, as const parameters: each gets its own kernel.
@@ -353,6 +353,9 @@ mod avx2 {
             let mut mins = [0f32; N];
             let signed = format == KFormat::Q6K;
             for (b, block) in w.chunks_exact(format.block_bytes()).enumerate() {
+                for line in (0..format.block_bytes()).step_by(64) {
+                    prefetch(block.as_ptr().wrapping_add(line));
+                }
                 let k = unpack(format, block);
                 // Q6K's weights are signed: the sign moves onto the activations so that
                 // the unsigned-by-signed byte product applies.
