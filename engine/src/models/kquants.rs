@@ -241,11 +241,12 @@ mod avx2 {
     }
 
     /// A super-block in registers: eight runs of 32 weights (signed bytes), the 16-bit
-    /// scale of each of their 16 pairs' halves, and the mins.
+    /// scale of each of their 16 pairs' halves, and the mins (16-bit lanes 2j and 2j + 1:
+    /// sub-block j's, beside the activations' sums of its two halves of 16).
     struct Block {
         q: [__m256i; 8],
         scales: [__m256i; 8],
-        mins: [i32; 8],
+        mins: __m256i,
         d: f32,
         dmin: f32,
     }
@@ -269,6 +270,17 @@ mod avx2 {
         }
     }
 
+    /// The sum of eight 32-bit lanes.
+    #[inline(always)]
+    fn hsum_i32(v: __m256i) -> i32 {
+        // SAFETY: AVX2 is compiled in.
+        unsafe {
+            let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+            let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+            _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<1>(s)))
+        }
+    }
+
     /// # Safety
     /// `b` holds a whole block of `format`.
     #[inline(always)]
@@ -279,7 +291,7 @@ mod avx2 {
             let mut k = Block {
                 q: [zero; 8],
                 scales: [zero; 8],
-                mins: [0; 8],
+                mins: zero,
                 d: 0.0,
                 dmin: 0.0,
             };
@@ -287,11 +299,14 @@ mod avx2 {
                 KFormat::Q4K | KFormat::Q5K => {
                     k.d = half_at(b, 0);
                     k.dmin = half_at(b, 2);
+                    let mut mins = [0i16; 16];
                     for j in 0..8 {
                         let (sc, m) = scale_min(j, &b[4..16]);
                         k.scales[j] = _mm256_set1_epi16(i16::from(sc));
-                        k.mins[j] = i32::from(m);
+                        mins[2 * j] = i16::from(m);
+                        mins[2 * j + 1] = i16::from(m);
                     }
+                    k.mins = _mm256_loadu_si256(mins.as_ptr() as *const __m256i);
                     let (qh, qs) = match format {
                         KFormat::Q5K => (
                             Some(_mm256_loadu_si256(b.as_ptr().add(16) as *const __m256i)),
@@ -376,10 +391,10 @@ mod avx2 {
                     acc[r] =
                         _mm256_fmadd_ps(_mm256_set1_ps(k.d * dy), _mm256_cvtepi32_ps(sumi), acc[r]);
                     if !signed {
-                        let bs = &x.bsums[b * 16..b * 16 + 16];
-                        let m: i32 = (0..8)
-                            .map(|j| k.mins[j] * (i32::from(bs[2 * j]) + i32::from(bs[2 * j + 1])))
-                            .sum();
+                        // Σ_j min_j × (the sums of sub-block j's two halves): exact in
+                        // integers, so the scalar sum's value.
+                        let bs = x.bsums[b * 16..b * 16 + 16].as_ptr() as *const __m256i;
+                        let m = hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256(bs), k.mins));
                         mins[r] += k.dmin * dy * m as f32;
                     }
                 }
