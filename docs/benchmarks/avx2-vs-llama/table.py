@@ -5,16 +5,21 @@ import json
 import os
 
 here = os.path.dirname(os.path.abspath(__file__))
-for rnd in sorted(glob.glob(os.path.join(here, "round-*"))):
-    print(f"\n{os.path.basename(rnd)}\n")
+
+
+def print_round(rnd, title):
+    """One folder of `MODEL-memctl.json` and `MODEL-llama.json` files as a table."""
+    print(f"\n{title}\n")
     print("| model | test | memctl tok/s | llama.cpp tok/s | memctl / llama.cpp |")
     print("|---|---|---:|---:|---:|")
     for path in sorted(glob.glob(os.path.join(rnd, "*-memctl.json"))):
+        if os.path.getsize(path) == 0:
+            continue  # still running
         model = os.path.basename(path)[:-len("-memctl.json")]
         ours = {r["test"]: r for r in json.load(open(path))["results"]}
         llama = {}
         lpath = os.path.join(rnd, f"{model}-llama.json")
-        if os.path.exists(lpath):
+        if os.path.exists(lpath) and os.path.getsize(lpath) > 0:
             for r in json.load(open(lpath)):
                 name = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
                 llama[name] = r
@@ -31,3 +36,8 @@ for rnd in sorted(glob.glob(os.path.join(here, "round-*"))):
                 print(f"| {model} | {test} (4 sequences, one batch) | {v:,.1f} ({v / one:.2f}x one) | - | - |")
         rss = max(r.get("peak_rss_bytes", 0) for r in ours.values()) / 2**20
         print(f"| {model} | peak RSS MiB | {rss:,.0f} | - | - |")
+
+
+if __name__ == "__main__":
+    for rnd in sorted(glob.glob(os.path.join(here, "round-*"))):
+        print_round(rnd, os.path.basename(rnd))
