@@ -414,6 +414,7 @@ pub(crate) mod avx2 {
             _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F))
         }
     }
+
     /// How far ahead of the block being read the products ask for the weights' bytes.
     /// Decoding reads every weight once per token, from memory: the hardware prefetchers
     /// stop at each 4 KiB page and one thread alone waited on its loads, at about 4.5 GB/s
@@ -659,12 +660,10 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// Q4_0, Q5_0 or Q8_0 weights (format `F`) times up to [`super::GROUP`] rows of Q8_0
-    /// activations.
+    /// Q4_0, Q5_0 or Q8_0 weights (format `F`) times a group of rows of Q8_0 activations.
     ///
     /// # Safety
-    /// `w` holds whole blocks of format `F`, every row of `xs` at least as many 8-bit
-    /// blocks, `xs` and `out` have the same length, at most [`super::GROUP`].
+    /// `w` holds whole blocks of format `F` (the lengths of the rest are checked).
     #[inline]
     pub(super) unsafe fn dots_signed<const F: u8>(w: &[u8], g: &Q8_1Group, out: &mut [f32]) {
         // SAFETY: as this function's.
