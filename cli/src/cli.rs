@@ -314,7 +314,7 @@ pub struct TrainDataOptions {
     /// `lines` (only the chunk's new facts, or NONE; what `memctl ingest --writer lines`
     /// asks the model)
     #[arg(long, default_value = "rewrite", value_name = "WRITER")]
-    pub writer: memagent_engine::agent::Writer,
+    pub writer: memagent_agent::Writer,
     /// Loss weight of the lines an update step adds to its memory (new facts, changed
     /// values) and of its reply's end; lines copied from the memory weigh 1
     #[arg(long, default_value_t = 3.0)]
@@ -622,11 +622,11 @@ pub struct QueryArgs {
 
     /// Tokens of passages the answer may read, shared out among its prompts (one per
     /// passage)
-    #[arg(long, value_name = "TOKENS", default_value_t = memagent_store::EVIDENCE_TOKENS)]
+    #[arg(long, value_name = "TOKENS", default_value_t = memagent_memory::EVIDENCE_TOKENS)]
     pub evidence_tokens: usize,
 
     /// Passages searched for each question (those that fit the budget go in the prompt)
-    #[arg(short = 'k', long, default_value_t = 8)]
+    #[arg(short = 'k', long, default_value_t = memagent_memory::PASSAGES_K)]
     pub passages: usize,
 
     /// Print the answer with the version it came from (and the passages, with their
@@ -801,11 +801,11 @@ pub struct AskArgs {
 
     /// Tokens of passages the answer may read, shared out among its prompts (one per
     /// passage)
-    #[arg(long, value_name = "TOKENS", default_value_t = memagent_store::EVIDENCE_TOKENS)]
+    #[arg(long, value_name = "TOKENS", default_value_t = memagent_memory::EVIDENCE_TOKENS)]
     pub evidence_tokens: usize,
 
     /// Passages searched for the question
-    #[arg(short = 'k', long, default_value_t = 8)]
+    #[arg(short = 'k', long, default_value_t = memagent_memory::PASSAGES_K)]
     pub passages: usize,
 
     #[command(flatten)]
@@ -853,7 +853,7 @@ pub struct ProfileArgs {
     /// Final prompt: `boxed` (answer in \boxed{}, the RL checkpoints' form) or `eval`
     /// ("Therefore, the answer is ...")
     #[arg(long, default_value = "boxed", value_name = "FORM")]
-    pub final_template: memagent_engine::agent::FinalForm,
+    pub final_template: memagent_agent::FinalForm,
 
     /// How the general memory is written after each chunk: `rewrite` (the model rewrites
     /// the whole memory, the MemAgent protocol) or `lines` (the model writes only the
@@ -862,7 +862,7 @@ pub struct ProfileArgs {
     /// past M) [default: `writer` under [profile] in the config file, then the writer
     /// the model's adapter was trained for (the default model's: lines), then rewrite]
     #[arg(long, value_name = "WRITER")]
-    pub writer: Option<memagent_engine::agent::Writer>,
+    pub writer: Option<memagent_agent::Writer>,
 
     /// How the loop reads each chunk when it has a question: `focused` (only the
     /// sentences bearing on the question, by its names, numbers and codes or else two of
@@ -872,7 +872,7 @@ pub struct ProfileArgs {
     /// of the small profile (under 1B parameters) and whole for larger ones, which the
     /// RL-trained checkpoints are]
     #[arg(long, value_name = "READING")]
-    pub reading: Option<memagent_engine::agent::Reading>,
+    pub reading: Option<memagent_agent::Reading>,
 }
 
 /// Named loop profiles.
@@ -885,10 +885,10 @@ pub enum ProfileKind {
 }
 
 impl ProfileKind {
-    pub fn profile(self) -> memagent_engine::agent::Profile {
+    pub fn profile(self) -> memagent_agent::Profile {
         match self {
-            Self::Small => memagent_engine::agent::Profile::SMALL,
-            Self::Paper => memagent_engine::agent::Profile::PAPER,
+            Self::Small => memagent_agent::Profile::SMALL,
+            Self::Paper => memagent_agent::Profile::PAPER,
         }
     }
 
@@ -1158,11 +1158,11 @@ pub struct BenchRulerArgs {
     #[arg(long, default_value = "test")]
     pub split: memagent_tasks::EvalSplit,
     /// Passages searched for the question (evidence and passages modes)
-    #[arg(short = 'k', long, default_value_t = 8)]
+    #[arg(short = 'k', long, default_value_t = memagent_memory::PASSAGES_K)]
     pub passages: usize,
     /// Tokens of passages the answer may read, shared out among its prompts (evidence
     /// and passages modes)
-    #[arg(long, value_name = "TOKENS", default_value_t = memagent_store::EVIDENCE_TOKENS)]
+    #[arg(long, value_name = "TOKENS", default_value_t = memagent_memory::EVIDENCE_TOKENS)]
     pub evidence_tokens: usize,
     /// Read each sample through the store: its document becomes the stream
     /// NAME/TASK/LENGTH/seedN/C…-M… of the database, read into its general memory as

@@ -14,13 +14,15 @@ pub fn init(verbose: u8, quiet: bool, daemon: bool) {
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new(format!(
-            "memctl={level},memagent_engine={level},memagent_store={level},\
-             memagent_watcher={level}"
+            "memctl={level},memagent_engine={level},memagent_agent={level},\
+             memagent_store={level},memagent_memory={level},memagent_watcher={level}"
         ))
     });
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: a daemon's stderr is usually a log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .try_init();
 }

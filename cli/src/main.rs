@@ -16,6 +16,11 @@ fn main() -> ExitCode {
         let n = std::thread::available_parallelism().map_or(1, |n| n.get());
         std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     }
+    // `avx2` or `portable`: a slower integer kernel this CPU also runs, to measure what
+    // CPUs without AVX-512 VNNI get.
+    if let Ok(kernel) = std::env::var("MEMAGENT_INTEGER_KERNEL") {
+        memagent_engine::prefer_integer_kernel(&kernel);
+    }
     let cli = cli::Cli::parse();
     let daemon = matches!(
         cli.command,

@@ -95,11 +95,16 @@ pub struct DaemonConfig {
 pub fn config_path(global: &GlobalArgs) -> Result<PathBuf> {
     match &global.config {
         Some(p) => Ok(p.clone()),
-        None => match dirs::config_dir() {
-            Some(dir) => Ok(dir.join("memagent").join("config.toml")),
+        None => match default_config_path() {
+            Some(path) => Ok(path),
             None => bail!("no configuration folder: pass --config PATH"),
         },
     }
+}
+
+/// `$XDG_CONFIG_HOME/memagent/config.toml`, where the configuration folder is known.
+fn default_config_path() -> Option<PathBuf> {
+    Some(dirs::config_dir()?.join("memagent").join("config.toml"))
 }
 
 impl ConfigFile {
@@ -157,8 +162,8 @@ impl ConfigFile {
     fn load(explicit: Option<&Path>) -> Result<Self> {
         let path = match explicit {
             Some(p) => p.to_path_buf(),
-            None => match dirs::config_dir() {
-                Some(dir) => dir.join("memagent").join("config.toml"),
+            None => match default_config_path() {
+                Some(path) => path,
                 None => return Ok(Self::default()),
             },
         };

@@ -93,9 +93,9 @@ pub struct TrainedWith {
 
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct TrainedData {
-    /// The memory writer whose steps it learned.
+    /// The memory writer whose steps it learned (`rewrite`, `lines`).
     #[serde(default)]
-    pub writer: Option<crate::agent::Writer>,
+    pub writer: Option<String>,
     /// The share of its examples that were answers from retrieved passages.
     #[serde(default)]
     pub evidence_share: Option<f64>,
@@ -103,29 +103,14 @@ pub struct TrainedData {
 
 impl AdapterManifest {
     /// The memory writer the adapter was trained to write with, when it says.
-    pub fn writer(&self) -> Option<crate::agent::Writer> {
-        self.config.as_ref()?.data.as_ref()?.writer
+    pub fn writer(&self) -> Option<&str> {
+        self.config.as_ref()?.data.as_ref()?.writer.as_deref()
     }
 
-    /// Whether the adapter learned the answers of `template`. `memctl train` teaches
-    /// every memory step and the memory-only final answers ([`FINAL_BOXED`] in question
-    /// mode, [`GENERAL_ANSWER`] in general mode), and answers from passages
-    /// ([`PASSAGE_ANSWER`]) when its data had an evidence share; never direct answers,
-    /// the other final form or chats.
-    ///
-    /// [`FINAL_BOXED`]: crate::agent::FINAL_BOXED
-    /// [`GENERAL_ANSWER`]: crate::agent::GENERAL_ANSWER
-    /// [`PASSAGE_ANSWER`]: crate::agent::PASSAGE_ANSWER
-    pub fn trained_for(&self, template: crate::agent::Template) -> bool {
-        use crate::agent::{FINAL_BOXED, GENERAL_ANSWER, PASSAGE_ANSWER};
-        if template.id == PASSAGE_ANSWER.id {
-            let share = self
-                .config
-                .as_ref()
-                .and_then(|c| c.data.as_ref()?.evidence_share);
-            return share.is_some_and(|s| s > 0.0);
-        }
-        [FINAL_BOXED.id, GENERAL_ANSWER.id].contains(&template.id)
+    /// The share of the adapter's training examples that were answers from retrieved
+    /// passages, when it says.
+    pub fn evidence_share(&self) -> Option<f64> {
+        self.config.as_ref()?.data.as_ref()?.evidence_share
     }
 }
 

@@ -5,7 +5,6 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::agent::UPDATE;
 use crate::chat::Message;
 use crate::error::{Error, Result};
 use crate::model::{DecodeStats, GenerateOptions, LocalModel};
@@ -151,14 +150,14 @@ pub fn bench_decode_batch(
 /// check that both decodings agree.
 pub fn bench_rewrite(
     model: &LocalModel,
-    filler: &str,
+    work: &RewriteWork<'_>,
     memory_tokens: usize,
     max_tokens: usize,
     draft_tokens: usize,
     repeats: usize,
 ) -> Result<(BenchResult, Vec<u32>)> {
-    let prompt = rewrite_prompt(model, filler, memory_tokens, 0)?;
-    let options = rewrite_options(max_tokens, draft_tokens);
+    let prompt = rewrite_prompt(model, work, memory_tokens, 0)?;
+    let options = rewrite_options(work, max_tokens, draft_tokens);
     reset_peak_rss();
     let mut seconds = Vec::with_capacity(repeats);
     let mut generation = None;
@@ -188,16 +187,25 @@ pub fn bench_rewrite(
     Ok((result, generation.token_ids))
 }
 
+/// What a memory rewrite is made of: the text its memory and chunk are cut from, the
+/// caller's update prompt (`fill(memory, chunk)`) and the span of its repeat guard
+/// ([`GenerateOptions::stop_on_repeat`]).
+pub struct RewriteWork<'a> {
+    pub filler: &'a str,
+    pub fill: &'a dyn Fn(&str, &str) -> String,
+    pub repeat_guard: usize,
+}
+
 /// The loop's update prompt with a previous memory of about `memory_tokens` tokens
 /// (sentences of `filler`) and a section of `filler`; `variant` picks which sentences and
 /// which section, so that the prompts of a batch differ.
 fn rewrite_prompt(
     model: &LocalModel,
-    filler: &str,
+    work: &RewriteWork<'_>,
     memory_tokens: usize,
     variant: usize,
 ) -> Result<Vec<u32>> {
-    let tokenizer = model.tokenizer();
+    let (tokenizer, filler) = (model.tokenizer(), work.filler);
     let sentences: Vec<&str> = filler.split_inclusive(". ").collect();
     let mut memory = String::new();
     for sentence in sentences.iter().cycle().skip(variant * 7).take(10_000) {
@@ -218,19 +226,19 @@ fn rewrite_prompt(
         .sum::<usize>()
         % section.len().max(1);
     let chunk: String = section[shift..].iter().chain(&section[..shift]).collect();
-    let text = UPDATE.fill(
-        "What does the text say about libraries?",
-        memory.trim_end(),
-        &chunk,
-    );
+    let text = (work.fill)(memory.trim_end(), &chunk);
     model.chat_prompt_ids(&[Message::user(&text)])
 }
 
 /// How the loop decodes a memory rewrite: greedy, with its loop stops.
-fn rewrite_options(max_tokens: usize, draft_tokens: usize) -> GenerateOptions {
+fn rewrite_options(
+    work: &RewriteWork<'_>,
+    max_tokens: usize,
+    draft_tokens: usize,
+) -> GenerateOptions {
     GenerateOptions {
         max_new_tokens: max_tokens,
-        stop_on_repeat: Some(crate::agent::REPEAT_GUARD_TOKENS),
+        stop_on_repeat: Some(work.repeat_guard),
         stop_on_repeated_line: true,
         draft_tokens,
         ..GenerateOptions::default()
@@ -243,16 +251,16 @@ fn rewrite_options(max_tokens: usize, draft_tokens: usize) -> GenerateOptions {
 /// check that every sequence got the same tokens both ways.
 pub fn bench_batch(
     model: &LocalModel,
-    filler: &str,
+    work: &RewriteWork<'_>,
     sequences: usize,
     memory_tokens: usize,
     max_tokens: usize,
     draft_tokens: usize,
 ) -> Result<(BenchResult, BenchResult)> {
     let prompts = (0..sequences.max(1))
-        .map(|i| rewrite_prompt(model, filler, memory_tokens, i))
+        .map(|i| rewrite_prompt(model, work, memory_tokens, i))
         .collect::<Result<Vec<_>>>()?;
-    let options = rewrite_options(max_tokens, draft_tokens);
+    let options = rewrite_options(work, max_tokens, draft_tokens);
     // Decode tokens: all but each sequence's first, which comes out of its prefill.
     let decoded = |gs: &[crate::model::Generation]| -> usize {
         gs.iter()

@@ -43,14 +43,6 @@ pub enum Error {
     InvalidRequest(String),
     #[error("token budget: {0}")]
     Budget(String),
-    #[error("remote backend: {0}")]
-    Remote(String),
-    #[error("remote backend: {url} answered {status}: {message}")]
-    RemoteStatus {
-        url: String,
-        status: u16,
-        message: String,
-    },
     #[error("adapter {path}: {message}")]
     Adapter { path: PathBuf, message: String },
     #[error(transparent)]

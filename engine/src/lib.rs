@@ -1,9 +1,12 @@
-//! The memagent engine: local inference on GGUF models with candle, and (in later
-//! layers) the memory-agent loop built on it.
+//! The memagent engine: local inference on GGUF models with candle.
 //!
 //! It owns model loading (weights, the tokenizer from the file's own metadata, the chat
-//! template), generation and its timings. It never prints and never reads configuration:
-//! callers pass paths and options, and get typed errors back.
+//! template), the architectures (one file each) and their kernels, sampling, batched and
+//! speculative generation and its timings, and LoRA adapters with their manifests as
+//! plain facts. It knows nothing of the memory agent's protocol and speaks no HTTP. It
+//! never prints and never reads configuration or the environment: callers pass paths
+//! and options (and [`prefer_integer_kernel`] for measurements), and get typed errors
+//! back.
 //!
 //! ```no_run
 //! use memagent_engine::{GenerateOptions, LoadOptions, LocalModel, Message};
@@ -15,7 +18,6 @@
 //! ```
 
 mod adapter;
-pub mod agent;
 pub mod bench;
 mod chat;
 mod device;
@@ -40,13 +42,13 @@ pub use device::open_device;
 pub use error::{Error, Result};
 pub use gguf::{sha256_file, GgufFile};
 pub use model::{
-    DecodeStats, GenerateOptions, Generation, LoadOptions, LocalModel, ModelInfo, PrefillWeights,
-    StopReason, WeightPlan, DEFAULT_DRAFT_TOKENS,
+    repeated_tail, DecodeStats, GenerateOptions, Generation, LoadOptions, LocalModel, ModelInfo,
+    PrefillWeights, StopReason, WeightPlan, DEFAULT_DRAFT_TOKENS,
 };
 pub use models::{
     for_chunks, gemm_n, gemm_t, integer_prefill_kernel, integer_prefill_types,
-    integer_products_fast, matmul_t, rope_tables, Architecture, Config, IntegerWeight, KvCache,
-    Transformer,
+    integer_products_fast, matmul_t, prefer_integer_kernel, rope_tables, Architecture, Config,
+    IntegerWeight, KvCache, Transformer,
 };
 pub use sampling::{argmax, SamplingParams};
 pub use tokenizer::Tokenizer;

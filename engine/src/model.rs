@@ -328,18 +328,10 @@ impl LocalModel {
         self.adapter.as_deref()
     }
 
-    /// The memory writer the adapter was trained for, when it says.
-    pub fn adapter_writer(&self) -> Option<crate::agent::Writer> {
-        self.adapter_manifest.as_ref()?.writer()
-    }
-
-    /// Whether answers with `template` run with the adapter: only those of a kind it
-    /// was trained on ([`crate::adapter::AdapterManifest::trained_for`]); the others,
-    /// and chats, run with the base model.
-    pub fn adapter_answers(&self, template: crate::agent::Template) -> bool {
-        self.adapter_manifest
-            .as_ref()
-            .is_some_and(|m| m.trained_for(template))
+    /// The manifest of the adapter loaded beside the weights, if any: what it was
+    /// trained on, as plain facts.
+    pub fn adapter_manifest(&self) -> Option<&crate::adapter::AdapterManifest> {
+        self.adapter_manifest.as_ref()
     }
 
     /// Number of weights in the file.
@@ -735,7 +727,7 @@ impl LocalModel {
                 .is_some_and(|t| t.contains('\n') || t.contains('Ċ'))
         {
             let text = self.tokenizer.decode(generated)?;
-            if let Some(keep) = crate::agent::hygiene::repeated_last_line(&text) {
+            if let Some(keep) = crate::words::repeated_last_line(&text) {
                 // Keep the tokens that decode within the kept prefix.
                 let mut n = generated.len();
                 while n > 0 && self.tokenizer.decode(&generated[..n])?.len() > keep {
@@ -807,7 +799,7 @@ fn lookup_draft(prompt: &[u32], generated: &[u32], max: usize) -> Vec<u32> {
 
 /// When the last `span` tokens of `tokens` already occur earlier in it, the length to keep
 /// (everything before that repeated tail).
-pub(crate) fn repeated_tail(tokens: &[u32], span: usize) -> Option<usize> {
+pub fn repeated_tail(tokens: &[u32], span: usize) -> Option<usize> {
     let len = tokens.len();
     if span == 0 || len < 2 * span {
         return None;

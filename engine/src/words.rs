@@ -150,3 +150,31 @@ pub fn mentions(text: &str, names: &[String]) -> bool {
     let text = text.to_lowercase();
     names.iter().any(|n| text.contains(n.as_str()))
 }
+
+/// The comparable form of a memory line: without list numbering or bullets, trimmed.
+pub fn line_key(line: &str) -> &str {
+    let mut s = line.trim();
+    // "12. ", "3) ", "- ", "* ", "• "
+    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+    if digits > 0 && s[digits..].starts_with(['.', ')', ':']) {
+        s = &s[digits + 1..];
+    } else if s.starts_with(['-', '*', '•']) {
+        s = &s[s.chars().next().map_or(0, char::len_utf8)..];
+    }
+    s.trim()
+}
+
+/// When the line just completed in `text` (it ends with a newline) repeats an earlier
+/// line, the byte length to keep (up to the start of that line).
+pub fn repeated_last_line(text: &str) -> Option<usize> {
+    let body = text.strip_suffix('\n')?;
+    let start = body.rfind('\n').map_or(0, |i| i + 1);
+    let key = line_key(&body[start..]);
+    if key.is_empty() || start == 0 {
+        return None;
+    }
+    body[..start]
+        .split('\n')
+        .any(|l| line_key(l) == key)
+        .then_some(start)
+}

@@ -119,7 +119,7 @@ pub struct SearchRequest<'a> {
 }
 
 /// One passage found.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Hit {
     pub stream: String,
     pub stream_id: u64,

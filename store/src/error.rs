@@ -35,10 +35,6 @@ pub enum Error {
     BadName(String),
     #[error("import: {0}")]
     Import(String),
-    #[error("model: {0}")]
-    Engine(String),
-    #[error("{0}")]
-    Recall(String),
     #[error(transparent)]
     Schema(#[from] memagent_migrations::Error),
     #[error("database: {0}")]

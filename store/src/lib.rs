@@ -5,8 +5,9 @@
 //! and flushed before any model work ([`Store::append`]); then memory version n, the
 //! chunk it consumed and the advanced cursor are written in one transaction and flushed
 //! ([`Store::commit_step`]). A restart resumes at the first unconsumed chunk. Records
-//! are postcard behind a format byte; keys are big-endian. The store never prints and
-//! knows nothing of models beyond the names it records.
+//! are postcard behind a format byte; keys are big-endian. The store only stores: it
+//! never runs a model, never searches and never prints; the names of models and
+//! templates it keeps are plain text to it.
 //!
 //! ```no_run
 //! use memagent_store::Store;
@@ -19,10 +20,7 @@
 
 mod codec;
 mod error;
-mod ingest;
 mod records;
-mod search;
-mod sources;
 mod transfer;
 
 use std::fs::File;
@@ -37,23 +35,10 @@ use sled::{Transactional, Tree};
 pub use codec::show_key;
 use codec::{decode, encode, key1, key2, key3, last_u64};
 pub use error::{Error, Result};
-pub use ingest::{
-    general_answer, general_answers, DeepAnswer, Ingestor, StepOutcome, GENERAL_ANSWER,
-    GENERAL_UPDATE,
-};
-pub use memagent_recall::passages::{
-    bearing_sentences, coverage, holds_any, names, rarest_words, relevant_notes,
-};
-pub use memagent_recall::{Embedder, Hit, Recall};
 pub use records::{
     Author, ChunkRecord, Cursor, FileRecord, MemoryVersion, QuestionRecord, SegmentRecord,
     SourceRecord, StandingAnswer, StreamRecord, GENERAL,
 };
-pub use search::{
-    evidence_passages, index_lag, search, sync_all, sync_stream, unlabelled, unmentioned, Evidence,
-    EVIDENCE_TOKENS, MEANING_ONLY_SIMILARITY, NOTE_LINES,
-};
-pub use sources::{line_sources, LineSource};
 pub use transfer::{ExportRecord, EXPORT_FORMAT};
 
 /// What an append did.
@@ -635,6 +620,31 @@ impl Store {
 }
 
 /// Key of a source record: stream id, then the sha256 of the source's name.
+impl Store {
+    /// The general memory version whose step read byte `offset` of the stream's log.
+    pub fn version_reading(&self, stream: &StreamRecord, offset: u64) -> Result<Option<u64>> {
+        let cursor = self.cursor(stream, GENERAL)?;
+        if offset >= cursor.offset {
+            return Ok(None);
+        }
+        // The chunk holding the offset: chunks are consecutive byte ranges.
+        let (mut lo, mut hi) = (0, cursor.next_chunk);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            match self.chunk(stream, mid)? {
+                Some(c) if c.end <= offset => lo = mid + 1,
+                _ => hi = mid,
+            }
+        }
+        for v in self.versions_from(stream, GENERAL, lo + 1)? {
+            if v.chunk == Some(lo) {
+                return Ok(Some(v.version));
+            }
+        }
+        Ok(None)
+    }
+}
+
 fn source_key(stream: u64, name: &str) -> Vec<u8> {
     let mut key = key1(stream).to_vec();
     key.extend_from_slice(&Sha256::digest(name.as_bytes()));

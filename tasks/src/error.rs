@@ -14,6 +14,8 @@ pub enum Error {
     InvalidRequest(String),
     #[error(transparent)]
     Engine(#[from] memagent_engine::Error),
+    #[error(transparent)]
+    Agent(#[from] memagent_agent::Error),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

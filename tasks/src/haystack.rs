@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use memagent_engine::agent::TextTokenizer;
+use memagent_agent::TextTokenizer;
 
 /// RULER's noise haystack: these sentences, repeated.
 const NOISE: &str = "The grass is green. The sky is blue. The sun is yellow. Here we go. \

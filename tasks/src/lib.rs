@@ -27,8 +27,9 @@ pub mod training;
 
 pub use error::{Error, Result};
 pub use haystack::Haystack;
-pub use needle::{single_needle, NeedleSample, CITIES};
+pub use needle::{single_needle, NeedleSample};
 pub use ruler::{
+    CITIES,
     compose, exact_match, f1, generate, generate_split, normalize, recall_all, score, sub_em,
     Insert, QaItem, RulerSample, Score, Scoring, Sources, Task, ALL_TASKS,
 };

@@ -7,43 +7,9 @@ use serde::Serialize;
 
 use super::haystack::Haystack;
 use crate::error::{Error, Result};
-use memagent_engine::agent::TextTokenizer;
+use memagent_agent::TextTokenizer;
 
-/// Keys of the needles.
-pub const CITIES: &[&str] = &[
-    "Zurich",
-    "Lisbon",
-    "Nairobi",
-    "Osaka",
-    "Montreal",
-    "Valparaiso",
-    "Tbilisi",
-    "Reykjavik",
-    "Hanoi",
-    "Marrakesh",
-    "Krakow",
-    "Auckland",
-    "Cartagena",
-    "Tallinn",
-    "Brisbane",
-    "Dakar",
-    "Seville",
-    "Winnipeg",
-    "Bergen",
-    "Cusco",
-    "Porto",
-    "Ljubljana",
-    "Kyoto",
-    "Havana",
-    "Sapporo",
-    "Adelaide",
-    "Antwerp",
-    "Bordeaux",
-    "Gdansk",
-    "Halifax",
-    "Mombasa",
-    "Salzburg",
-];
+use super::ruler::CITIES;
 
 /// One generated task: the document, the question, and what the answer must hold.
 #[derive(Debug, Clone, Serialize)]

@@ -12,10 +12,45 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use super::haystack::Haystack;
-use super::needle::CITIES;
 use crate::error::{Error, Result};
 use crate::split::EvalSplit;
-use memagent_engine::agent::TextTokenizer;
+use memagent_agent::TextTokenizer;
+
+/// Keys of the needles.
+pub const CITIES: &[&str] = &[
+    "Zurich",
+    "Lisbon",
+    "Nairobi",
+    "Osaka",
+    "Montreal",
+    "Valparaiso",
+    "Tbilisi",
+    "Reykjavik",
+    "Hanoi",
+    "Marrakesh",
+    "Krakow",
+    "Auckland",
+    "Cartagena",
+    "Tallinn",
+    "Brisbane",
+    "Dakar",
+    "Seville",
+    "Winnipeg",
+    "Bergen",
+    "Cusco",
+    "Porto",
+    "Ljubljana",
+    "Kyoto",
+    "Havana",
+    "Sapporo",
+    "Adelaide",
+    "Antwerp",
+    "Bordeaux",
+    "Gdansk",
+    "Halifax",
+    "Mombasa",
+    "Salzburg",
+];
 
 /// The task families.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -603,7 +638,7 @@ fn qa(
     let mut total: usize = chosen
         .iter()
         .map(|p| sources.tokenizer.encode(p).map(|t| t.len() + overhead))
-        .sum::<Result<usize, memagent_engine::Error>>()?;
+        .sum::<Result<usize, memagent_agent::Error>>()?;
     for p in pool {
         let n = sources.tokenizer.encode(p)?.len() + overhead;
         if total + n <= tokens {

@@ -18,7 +18,7 @@
 
 use std::collections::BTreeSet;
 
-use memagent_engine::agent::{
+use memagent_agent::{
     Template, TextTokenizer, Writer, FINAL_BOXED, GENERAL_ANSWER, GENERAL_LINES, GENERAL_UPDATE,
     NO_MEMORY, UPDATE,
 };
@@ -29,8 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::haystack::Haystack;
-use crate::needle::CITIES;
-use crate::ruler::compose;
+use crate::ruler::{compose, CITIES};
 
 mod evidence;
 pub use evidence::EVIDENCE_FAMILIES;

@@ -17,6 +17,8 @@ pub enum Error {
     #[error(transparent)]
     Engine(#[from] memagent_engine::Error),
     #[error(transparent)]
+    Agent(#[from] memagent_agent::Error),
+    #[error(transparent)]
     Tasks(#[from] memagent_tasks::Error),
     #[error(transparent)]
     Candle(#[from] candle_core::Error),

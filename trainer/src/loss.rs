@@ -43,3 +43,39 @@ pub fn correct_tokens(logits: &Tensor, targets: &[u32]) -> Result<usize> {
     let best: Vec<u32> = logits.argmax(D::Minus1)?.to_vec1()?;
     Ok(best.iter().zip(targets).filter(|(a, b)| a == b).count())
 }
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Var};
+
+    use super::*;
+    use crate::ops::nll_rows;
+    use crate::ops::tests::close;
+
+    #[test]
+    fn fused_nll_equals_log_softmax_and_gather_with_its_gradient() {
+        let dev = Device::Cpu;
+        let logits = Var::randn(0f32, 3.0, (9, 301), &dev).unwrap();
+        let targets: Vec<u32> = (0..9).map(|i| (i * 37 + 5) % 301).collect();
+        let weights: Vec<f32> = (0..9).map(|i| 0.5 + i as f32 / 9.0).collect();
+        let run = |fused: bool| {
+            let loss = if fused {
+                weighted_nll(logits.as_tensor(), &targets, &weights, 7.0)
+            } else {
+                weighted_nll_composed(logits.as_tensor(), &targets, &weights, 7.0)
+            }
+            .unwrap();
+            let grads = loss.backward().unwrap();
+            let g = grads.get(&logits).unwrap().flatten_all().unwrap();
+            (
+                loss.to_scalar::<f32>().unwrap(),
+                g.to_vec1::<f32>().unwrap(),
+            )
+        };
+        let (fused, composed) = (run(true), run(false));
+        close(&[fused.0], &[composed.0], "nll");
+        close(&fused.1, &composed.1, "nll dlogits");
+        assert!(nll_rows(logits.as_tensor(), &[0; 8]).is_err());
+        assert!(nll_rows(logits.as_tensor(), &[301; 9]).is_err());
+    }
+}

@@ -15,7 +15,7 @@ use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 
-use memagent_engine::agent::{
+use memagent_agent::{
     Backend, Chunk, MemoryAgent, Profile, StepReport, TextTokenizer, Writer, GENERAL_UPDATE,
     NO_MEMORY, UPDATE,
 };
@@ -437,7 +437,7 @@ fn states(line: &str, oracle: &str, values: &[String], source: &HashSet<&str>) -
 /// is carried to the next step, merged as inference merges. A reading that kept every
 /// fact and wrote no noise is its own correction.
 pub fn corrected(t: &Trajectory, memories: &[String]) -> Trajectory {
-    use memagent_engine::agent::lines::{memory_lines, merge, render};
+    use memagent_agent::lines::{memory_lines, merge, render};
     // The values of an oracle line: those of the final fact it is, if it is one.
     let values_of = |line: &str| -> Option<&[String]> {
         t.memory_lines

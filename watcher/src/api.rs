@@ -31,8 +31,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use memagent_engine::agent::{extract_answer, AnswerReport};
-use memagent_store::{DeepAnswer, Evidence, MemoryVersion, Recall, Store, GENERAL};
+use memagent_memory::{Answer, Mode, PASSAGES_K};
+use memagent_recall::Recall;
+use memagent_store::{MemoryVersion, Store, GENERAL};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -89,6 +90,20 @@ impl From<memagent_store::Error> for ApiError {
     }
 }
 
+impl From<memagent_memory::Error> for ApiError {
+    fn from(e: memagent_memory::Error) -> Self {
+        match e {
+            memagent_memory::Error::Store(e) => e.into(),
+            memagent_memory::Error::NoMemory { at: None, .. } => Self(
+                StatusCode::NOT_FOUND,
+                format!("{e}; the daemon reads it as content arrives"),
+            ),
+            memagent_memory::Error::NoMemory { .. } => Self(StatusCode::NOT_FOUND, e.to_string()),
+            _ => Self(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        }
+    }
+}
+
 fn engine_error(e: String) -> ApiError {
     ApiError(StatusCode::INTERNAL_SERVER_ERROR, e)
 }
@@ -108,7 +123,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .fallback(|| async {
             ApiError(
                 StatusCode::NOT_FOUND,
-                "no such endpoint; the API's endpoints are listed in memctl's README".into(),
+                "no such endpoint; the API's endpoints are listed in docs/daemon.md".into(),
             )
         })
         .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
@@ -231,7 +246,7 @@ async fn status(State(state): State<AppState>) -> ApiResult {
         if let Ok(Some(record)) = state.store.stream(&name) {
             let extra = json!({
                 "indexed_bytes": state.recall.stream_state(record.id).len,
-                "index_lag_bytes": memagent_store::index_lag(&state.recall, &record),
+                "index_lag_bytes": memagent_memory::index_lag(&state.recall, &record),
             });
             if let (Value::Object(row), Value::Object(extra)) = (&mut *row, extra) {
                 row.extend(extra);
@@ -261,7 +276,7 @@ async fn streams(State(state): State<AppState>) -> ApiResult {
 struct StreamParam {
     stream: String,
     at: Option<u64>,
-    /// `GET /v1/memory`: add each line's source (`memagent_store::line_sources`).
+    /// `GET /v1/memory`: add each line's source (`memagent_memory::line_sources`).
     #[serde(default)]
     sources: bool,
 }
@@ -312,22 +327,7 @@ async fn append(State(state): State<AppState>, Json(body): Json<AppendBody>) -> 
 }
 
 fn version_at(store: &Store, stream: &str, at: Option<u64>) -> ApiResult<MemoryVersion> {
-    let record = store.require(stream)?;
-    let found = match at {
-        Some(v) => store.version(&record, GENERAL, v)?,
-        None => store.latest(&record, GENERAL)?,
-    };
-    found.ok_or_else(|| {
-        ApiError(
-            StatusCode::NOT_FOUND,
-            match at {
-                Some(v) => format!("stream `{stream}` has no memory version {v}"),
-                None => format!(
-                    "stream `{stream}` has no memory yet; the daemon reads it as content arrives"
-                ),
-            },
-        )
-    })
+    Ok(memagent_memory::version_at(store, stream, at)?)
 }
 
 async fn memory(State(state): State<AppState>, Query(p): Query<StreamParam>) -> ApiResult {
@@ -337,7 +337,7 @@ async fn memory(State(state): State<AppState>, Query(p): Query<StreamParam>) -> 
         let (store, recall) = (state.store.clone(), state.recall.clone());
         let sources = tokio::task::spawn_blocking(move || {
             let record = store.require(&p.stream)?;
-            memagent_store::line_sources(&store, &recall, &record, &v)
+            memagent_memory::line_sources(&store, &recall, &record, &v)
         })
         .await
         .map_err(|e| engine_error(e.to_string()))??;
@@ -387,11 +387,11 @@ struct QueryBody {
 }
 
 fn default_evidence_tokens() -> usize {
-    memagent_store::EVIDENCE_TOKENS
+    memagent_memory::EVIDENCE_TOKENS
 }
 
 fn default_k() -> usize {
-    8
+    PASSAGES_K
 }
 
 /// Passages returned when a search names no `k`.
@@ -412,116 +412,33 @@ async fn query(State(state): State<AppState>, Json(body): Json<QueryBody>) -> Ap
             false => bad("the question is empty"),
         };
     }
-    let answers: Vec<Value> = if body.deep {
-        state.store.require(&body.stream)?;
-        let deep = state
-            .engine
-            .deep(&body.stream, questions.clone())
-            .await
-            .map_err(engine_error)?;
-        questions
-            .iter()
-            .zip(&deep)
-            .map(|(q, d)| deep_json(&body.stream, q, d))
-            .collect()
-    } else if !body.memory_only {
-        let record = state.store.require(&body.stream)?;
-        let memory = match (body.at, state.store.latest(&record, GENERAL)?) {
-            (None, None) => empty_memory(),
-            _ => version_at(&state.store, &body.stream, body.at)?,
-        };
-        let version = memory.version;
-        let found = {
-            let (store, recall) = (state.store.clone(), state.recall.clone());
-            let (stream, questions, k) = (body.stream.clone(), questions.clone(), body.k);
-            tokio::task::spawn_blocking(move || {
-                questions
-                    .iter()
-                    .map(|q| memagent_store::search(&store, &recall, Some(&[&stream]), q, k))
-                    .collect::<memagent_store::Result<Vec<_>>>()
-            })
-            .await
-            .map_err(|e| engine_error(e.to_string()))??
-        };
-        let answered = state
-            .engine
-            .answer_with_evidence(memory, questions.clone(), found, body.evidence_tokens)
-            .await
-            .map_err(engine_error)?;
-        questions
-            .iter()
-            .zip(&answered)
-            .map(|(q, (r, used))| evidence_answer_json(&body.stream, version, q, r, used))
-            .collect()
-    } else {
-        let memory = version_at(&state.store, &body.stream, body.at)?;
-        let version = memory.version;
-        let reports = state
-            .engine
-            .answer(memory, questions.clone())
-            .await
-            .map_err(engine_error)?;
-        questions
-            .iter()
-            .zip(&reports)
-            .map(|(q, r)| answer_json(&body.stream, version, q, r))
-            .collect()
+    let query = memagent_memory::Query {
+        stream: body.stream.clone(),
+        questions,
+        at: body.at,
+        mode: Mode::from_flags(body.deep, body.memory_only, body.k, body.evidence_tokens),
     };
+    let (query, plan) = {
+        let (store, recall) = (state.store.clone(), state.recall.clone());
+        tokio::task::spawn_blocking(move || {
+            let plan = query.plan(&store, Some(&recall));
+            (query, plan)
+        })
+        .await
+        .map_err(|e| engine_error(e.to_string()))?
+    };
+    let answers: Vec<Answer> = state
+        .engine
+        .query(query, plan?)
+        .await
+        .map_err(engine_error)?;
+    let answers: Vec<Value> = answers
+        .iter()
+        .map(|a| serde_json::to_value(a).unwrap_or_default())
+        .collect();
     match several {
         true => Ok(Json(json!({"stream": body.stream, "answers": answers}))),
         false => Ok(Json(answers.into_iter().next().unwrap_or_default())),
-    }
-}
-
-/// The answer to a question from memory version `version`, as the API and
-/// `memctl query --json` give it.
-pub fn answer_json(stream: &str, version: u64, question: &str, report: &AnswerReport) -> Value {
-    json!({
-        "stream": stream,
-        "version": version,
-        "question": question,
-        "answer": report.reply,
-        "extracted": extract_answer(&report.reply),
-        "template": report.template,
-        "prompt_tokens": report.prompt_tokens,
-        "completion_tokens": report.completion_tokens,
-        "seconds": report.seconds,
-    })
-}
-
-/// An answer from a memory version and the passages its prompt held, as the API and
-/// `memctl query --json` give it.
-pub fn evidence_answer_json(
-    stream: &str,
-    version: u64,
-    question: &str,
-    report: &AnswerReport,
-    passages: &[Evidence],
-) -> Value {
-    let mut out = answer_json(stream, version, question, report);
-    out["passages"] = serde_json::to_value(passages).unwrap_or_default();
-    out
-}
-
-/// The memory a stream has before its first step: empty, version 0 (its passages can
-/// already be searched).
-pub fn empty_memory() -> MemoryVersion {
-    MemoryVersion {
-        version: 0,
-        parent: None,
-        text: "(none yet)".into(),
-        tokens: 0,
-        chunk: None,
-        model: String::new(),
-        model_sha256: String::new(),
-        template_id: String::new(),
-        template_version: 0,
-        created: 0,
-        prompt_tokens: 0,
-        completion_tokens: 0,
-        seconds: 0.0,
-        cut: false,
-        author: memagent_store::Author::Model,
     }
 }
 
@@ -560,25 +477,9 @@ async fn search(State(state): State<AppState>, Json(body): Json<SearchBody>) -> 
         let names: Option<Vec<&str>> = streams
             .as_ref()
             .map(|s| s.iter().map(String::as_str).collect());
-        memagent_store::search(&store, &recall, names.as_deref(), &text, k)
+        memagent_memory::search(&store, &recall, names.as_deref(), &text, k)
     })
     .await
     .map_err(|e| engine_error(e.to_string()))??;
     Ok(Json(json!({"text": body.text, "passages": found})))
-}
-
-/// A deep query's answer, as the API and `memctl query --deep --json` give it.
-pub fn deep_json(stream: &str, question: &str, deep: &DeepAnswer) -> Value {
-    json!({
-        "stream": stream,
-        "question": question,
-        "deep": true,
-        "chain": deep.chain,
-        "version": deep.version,
-        "chunks_read": deep.steps,
-        "answer": deep.answer.reply,
-        "extracted": deep.answer.answer,
-        "template": deep.answer.template,
-        "seconds": deep.answer.seconds,
-    })
 }

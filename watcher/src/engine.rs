@@ -5,12 +5,10 @@
 
 use std::sync::mpsc;
 
-use memagent_engine::agent::{AnswerReport, Completion, MemoryAgent, PASSAGE_ANSWER};
+use memagent_agent::{AnswerReport, Completion, MemoryAgent};
 use memagent_engine::Message;
-use memagent_store::{
-    evidence_passages, general_answers, DeepAnswer, Evidence, Ingestor, MemoryVersion, StepOutcome,
-    Store, GENERAL, NOTE_LINES,
-};
+use memagent_memory::{answer_with_evidence, Answer, Evidence, Ingestor, Plan, Query, StepOutcome};
+use memagent_store::{MemoryVersion, Store, GENERAL};
 use tokio::sync::oneshot;
 
 /// What a step request did.
@@ -46,11 +44,12 @@ pub enum Request {
         streams: Vec<(String, bool)>,
         reply: Reply<Vec<Result<Step, String>>>,
     },
-    /// Answer questions from a memory version, decoded as one batch.
-    Answer {
-        memory: Box<MemoryVersion>,
-        questions: Vec<String>,
-        reply: Reply<Vec<AnswerReport>>,
+    /// Answer a query from its plan (read by the caller), decoded as one batch; a deep
+    /// query's chains read side by side.
+    Query {
+        query: Box<Query>,
+        plan: Plan,
+        reply: Reply<Vec<Answer>>,
     },
     /// Answer questions from a memory version beside the passages found for each (the
     /// best that fit in `budget` tokens go in its prompt), decoded as one batch; each
@@ -61,13 +60,6 @@ pub enum Request {
         found: Vec<Vec<Evidence>>,
         budget: usize,
         reply: Reply<Vec<(AnswerReport, Vec<Evidence>)>>,
-    },
-    /// Deep queries of one stream (the exact MemAgent protocol over the stored chunks),
-    /// the questions' chains read side by side in batches.
-    Deep {
-        stream: String,
-        questions: Vec<String>,
-        reply: Reply<Vec<DeepAnswer>>,
     },
     /// A reply to a conversation (the proxy without an upstream).
     Chat {
@@ -107,14 +99,11 @@ impl EngineHandle {
         self.ask(|reply| Request::Steps { streams, reply }).await
     }
 
-    pub async fn answer(
-        &self,
-        memory: MemoryVersion,
-        questions: Vec<String>,
-    ) -> Result<Vec<AnswerReport>, String> {
-        self.ask(|reply| Request::Answer {
-            memory: Box::new(memory),
-            questions,
+    /// Answers `query` from `plan` ([`Query::plan`]).
+    pub async fn query(&self, query: Query, plan: Plan) -> Result<Vec<Answer>, String> {
+        self.ask(|reply| Request::Query {
+            query: Box::new(query),
+            plan,
             reply,
         })
         .await
@@ -149,20 +138,6 @@ impl EngineHandle {
         })
         .await
     }
-
-    pub async fn deep(
-        &self,
-        stream: &str,
-        questions: Vec<String>,
-    ) -> Result<Vec<DeepAnswer>, String> {
-        let stream = stream.to_string();
-        self.ask(|reply| Request::Deep {
-            stream,
-            questions,
-            reply,
-        })
-        .await
-    }
 }
 
 /// Serves requests until every sender is gone. Runs on the thread that owns the model.
@@ -177,14 +152,9 @@ pub fn serve(
             Request::Steps { streams, reply } => {
                 let _ = reply.send(Ok(steps(ingestor, store, &streams, agent)));
             }
-            Request::Answer {
-                memory,
-                questions,
-                reply,
-            } => {
-                let questions: Vec<&str> = questions.iter().map(String::as_str).collect();
-                let _ = reply
-                    .send(general_answers(agent, &memory, &questions).map_err(|e| e.to_string()));
+            Request::Query { query, plan, reply } => {
+                let answered = query.answer(plan, ingestor, &mut |_, _, _| {});
+                let _ = reply.send(answered.map_err(|e| e.to_string()));
             }
             Request::AnswerWithEvidence {
                 memory,
@@ -195,21 +165,6 @@ pub fn serve(
             } => {
                 let _ = reply.send(
                     answer_with_evidence(agent, &memory, &questions, found, budget)
-                        .map_err(|e| e.to_string()),
-                );
-            }
-            Request::Deep {
-                stream,
-                questions,
-                reply,
-            } => {
-                let queries: Vec<(&str, &str)> = questions
-                    .iter()
-                    .map(|q| (stream.as_str(), q.as_str()))
-                    .collect();
-                let _ = reply.send(
-                    ingestor
-                        .deep_many(&queries, &mut |_, _, _| {})
                         .map_err(|e| e.to_string()),
                 );
             }
@@ -224,247 +179,6 @@ pub fn serve(
     }
 }
 
-/// Each question answered from its passages, one prompt per passage
-/// ([`PASSAGE_ANSWER`]), and from the memory's notes that bear on it, all decoded as one
-/// batch. A question asking for every value ("list all …") gets the answers of every
-/// passage that says, oldest first; any other question gets the newest passage's answer
-/// (a fact said again later replaces what was said before), then the notes', then "not
-/// known". A question that names someone or something that neither the passages found
-/// nor the memory mention is answered "not known" without the model (see
-/// [`memagent_store::unmentioned`]), with no passage. Each answer comes with the
-/// passages asked, oldest first, each with what it alone answered and whether the
-/// answer cites it.
-pub fn answer_with_evidence(
-    agent: &MemoryAgent<'_>,
-    memory: &MemoryVersion,
-    questions: &[String],
-    found: Vec<Vec<Evidence>>,
-    budget: usize,
-) -> memagent_store::Result<Vec<(AnswerReport, Vec<Evidence>)>> {
-    let mut asked: Vec<Asked> = Vec::with_capacity(found.len());
-    for (question, hits) in questions.iter().zip(found) {
-        let absent = memagent_store::unmentioned(question, &hits, &memory.text);
-        let passages = match absent {
-            Some(_) => Vec::new(),
-            None => evidence_passages(agent.tokenizer(), question, hits, budget)?,
-        };
-        let notes = absent
-            .is_none()
-            .then(|| memagent_store::relevant_notes(&memory.text, question, NOTE_LINES))
-            .flatten();
-        // Asked whole, or a sentence at a time for every value.
-        let all = asks_for_all(question);
-        let mut units = Vec::new();
-        for (i, (text, _)) in passages.iter().enumerate() {
-            match all {
-                true => units.extend(
-                    memagent_store::bearing_sentences(text, question)
-                        .into_iter()
-                        .map(|s| (i, s.to_string())),
-                ),
-                false => units.push((i, text.clone())),
-            }
-        }
-        asked.push(Asked {
-            absent,
-            passages: passages.into_iter().map(|(_, e)| e).collect(),
-            units,
-            notes,
-        });
-    }
-    let mut prompts: Vec<(&str, &str, &str)> = Vec::new();
-    for (question, a) in questions.iter().zip(&asked) {
-        for (_, text) in &a.units {
-            prompts.push((question, "", text));
-        }
-        if let Some(notes) = &a.notes {
-            prompts.push((question, "", notes));
-        }
-    }
-    let mut replies = agent
-        .answer_filled(PASSAGE_ANSWER, &prompts)
-        .map_err(|e| memagent_store::Error::Engine(e.to_string()))?
-        .into_iter();
-    let mut out = Vec::with_capacity(asked.len());
-    for (question, a) in questions.iter().zip(asked) {
-        if let Some(name) = a.absent {
-            out.push((
-                made_answer(format!("Not known: nothing stored mentions {name}.")),
-                Vec::new(),
-            ));
-            continue;
-        }
-        let mut report = made_answer(String::new());
-        let mut said = |reply: AnswerReport| {
-            report.prompt_tokens += reply.prompt_tokens;
-            report.completion_tokens += reply.completion_tokens;
-            report.seconds = reply.seconds;
-            report.timings = reply.timings;
-            report.stop_reason = reply.stop_reason;
-            Some(first_line(&reply.answer)).filter(|s| !abstains(s))
-        };
-        let units: Vec<Option<String>> = a
-            .units
-            .iter()
-            .map(|(_, text)| {
-                let reply = replies.next().expect("one reply per passage");
-                tracing::debug!("{question:?} from {text:?}: {:?}", reply.answer);
-                said(reply)
-            })
-            .collect();
-        let from_notes = a
-            .notes
-            .and_then(|_| said(replies.next().expect("one reply for the notes")));
-        let unit_said: Vec<Option<&str>> = units.iter().map(Option::as_deref).collect();
-        let texts: Vec<&str> = a.units.iter().map(|(_, t)| t.as_str()).collect();
-        let about = about_the_question(question, &texts, &unit_said);
-        let (answer, cited) = chosen_answer(question, &unit_said, &about, from_notes);
-        let mut passages = a.passages;
-        for ((passage, _), unit) in a.units.iter().zip(&units) {
-            if let Some(unit) = unit {
-                let said = passages[*passage].said.get_or_insert_with(String::new);
-                if !said.is_empty() {
-                    said.push(' ');
-                }
-                said.push_str(unit);
-            }
-        }
-        for unit in cited {
-            passages[a.units[unit].0].cited = true;
-        }
-        report.reply = answer.clone();
-        report.answer = answer;
-        out.push((report, passages));
-    }
-    Ok(out)
-}
-
-/// The answer to `question` from what each passage said (oldest first; `None`: it did
-/// not say) and what the notes said, with the passages it cites: every distinct value
-/// when the question asks for all of them, else the newest passage's; the notes' answer
-/// when no passage says; else "not known".
-fn chosen_answer(
-    question: &str,
-    said: &[Option<&str>],
-    about: &[bool],
-    from_notes: Option<String>,
-) -> (String, Vec<usize>) {
-    let mut answering = said
-        .iter()
-        .enumerate()
-        .filter(|&(i, _)| about[i])
-        .filter_map(|(i, s)| s.map(|s| (i, s)));
-    let cited: Vec<(usize, &str)> = if asks_for_all(question) {
-        let mut kept: Vec<(usize, &str)> = Vec::new();
-        for (i, s) in answering {
-            if !kept.iter().any(|(_, k)| k.eq_ignore_ascii_case(s)) {
-                kept.push((i, s));
-            }
-        }
-        kept
-    } else {
-        answering.next_back().into_iter().collect()
-    };
-    if cited.is_empty() {
-        let answer = from_notes.unwrap_or_else(|| "Not known: no passage found says.".to_string());
-        return (answer, Vec::new());
-    }
-    let answer = cited.iter().map(|(_, s)| *s).collect::<Vec<_>>().join(" ");
-    (answer, cited.into_iter().map(|(i, _)| i).collect())
-}
-
-/// Which of the `texts` that answered (`said`) speak of what `question` asks about; the
-/// small model answers from a passage about something else as readily as from the
-/// right one ("The access code for the cellar is 7368886" from the north gate's).
-/// - One missing two or more of the question's words, where another answering text
-///   holds them, speaks of something else ("the access code for the boathouse" for "the
-///   access code for the north gate"); one missing a single word may say the same thing
-///   in other words ("Ravi moved to Porto" for "where does my sister Ravi live").
-/// - When the question names no one (names are already required of every passage, see
-///   [`memagent_store::evidence_passages`]), a text must hold one of its words that the
-///   fewest texts hold: "cellar", not "access" and "code", which all four codes share.
-fn about_the_question(question: &str, texts: &[&str], said: &[Option<&str>]) -> Vec<bool> {
-    let answering: Vec<usize> = (0..texts.len()).filter(|&i| said[i].is_some()).collect();
-    let coverage: Vec<usize> = texts
-        .iter()
-        .map(|t| memagent_store::coverage(t, question))
-        .collect();
-    let best = answering.iter().map(|&i| coverage[i]).max().unwrap_or(0);
-    let rare = match memagent_store::names(question).is_empty() {
-        true => memagent_store::rarest_words(texts, question),
-        false => Vec::new(),
-    };
-    (0..texts.len())
-        .map(|i| {
-            coverage[i] + 1 >= best
-                && (rare.is_empty() || memagent_store::holds_any(texts[i], &rare))
-        })
-        .collect()
-}
-
-/// What one question needs of the batch.
-struct Asked {
-    absent: Option<String>,
-    passages: Vec<Evidence>,
-    /// What is asked: each passage's text (its sentences one by one for every value),
-    /// with the passage's index.
-    units: Vec<(usize, String)>,
-    notes: Option<String>,
-}
-
-/// The first line of an answer with text, without a passage label a small model copies
-/// ("Passage 2: …", "Passage: …").
-fn first_line(answer: &str) -> String {
-    let answer = memagent_store::unlabelled(answer);
-    let line = answer
-        .lines()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .unwrap_or_default();
-    line.strip_prefix("Passage:")
-        .map_or(line, str::trim_start)
-        .to_string()
-}
-
-/// Whether an answer says the passage does not tell.
-fn abstains(answer: &str) -> bool {
-    let a = answer.trim().to_lowercase();
-    a.is_empty()
-        || [
-            "not known",
-            "unknown",
-            "not say",
-            "no information",
-            "not mentioned",
-            "don't know",
-            "do not know",
-        ]
-        .iter()
-        .any(|m| a.contains(m))
-}
-
-/// Whether a question asks for every value ("List all of them", "What are all …",
-/// "every", "each", "both").
-fn asks_for_all(question: &str) -> bool {
-    question
-        .split(|c: char| !c.is_alphanumeric())
-        .any(|w| ["all", "list", "every", "each", "both"].contains(&w.to_lowercase().as_str()))
-}
-
-/// An answer made without the model.
-fn made_answer(reply: String) -> AnswerReport {
-    AnswerReport {
-        answer: reply.clone(),
-        reply,
-        template: PASSAGE_ANSWER,
-        prompt_tokens: 0,
-        completion_tokens: 0,
-        stop_reason: memagent_engine::StopReason::EndOfTurn,
-        seconds: 0.0,
-        timings: None,
-    }
-}
-
 fn steps(
     ingestor: &Ingestor<'_>,
     store: &Store,
@@ -472,7 +186,7 @@ fn steps(
     agent: &MemoryAgent<'_>,
 ) -> Vec<Result<Step, String>> {
     // Which streams have a chunk to read now.
-    let check = |stream: &str, full_only: bool| -> memagent_store::Result<Option<Step>> {
+    let check = |stream: &str, full_only: bool| -> memagent_memory::Result<Option<Step>> {
         let Some(record) = store.stream(stream)? else {
             return Ok(Some(Step::Nothing));
         };
@@ -487,7 +201,7 @@ fn steps(
         }
         Ok(None)
     };
-    let failed = |stream: &str, e: memagent_store::Error| format!("stream `{stream}`: {e}");
+    let failed = |stream: &str, e: memagent_memory::Error| format!("stream `{stream}`: {e}");
     let mut outcomes: Vec<Result<Step, String>> = Vec::with_capacity(streams.len());
     let mut ready: Vec<(usize, &str)> = Vec::new();
     for (i, (stream, full_only)) in streams.iter().enumerate() {
@@ -516,99 +230,4 @@ fn steps(
         };
     }
     outcomes
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_single_value_comes_from_the_newest_passage_that_says() {
-        let q = "Where does my sister Ravi live?";
-        let said = [
-            Some("My sister Ravi lives in Graz."),
-            None,
-            Some("Ravi moved to Krakow last month."),
-            None,
-        ];
-        let notes = Some("Ravi lives in Oslo.".to_string());
-        let (answer, cited) = chosen_answer(q, &said, &[true; 4], notes);
-        assert_eq!(answer, "Ravi moved to Krakow last month.");
-        assert_eq!(cited, [2]);
-    }
-
-    #[test]
-    fn answers_from_passages_about_something_else_are_set_aside() {
-        // A move says less of the question and still counts.
-        let q = "Where does my sister Ravi live?";
-        let texts = [
-            "user: My sister Ravi lives in Graz.",
-            "user: Ravi moved to Krakow.",
-        ];
-        let said = [Some("Ravi lives in Graz."), Some("Ravi moved to Krakow.")];
-        assert_eq!(about_the_question(q, &texts, &said), [true, true]);
-        // Two words fewer: another gate.
-        let q = "What is the access code for the north gate?";
-        let texts = [
-            "The access code for the north gate is 4817263.",
-            "The access code for the boathouse is 5550123.",
-        ];
-        let said = [Some("It is 4817263."), Some("It is 5550123.")];
-        assert_eq!(about_the_question(q, &texts, &said), [true, false]);
-        // One word fewer, but the one that singles it out.
-        let q = "What is the access code for the cellar?";
-        let texts = [
-            "The access code for the cellar is 4522457.",
-            "The access code for the east wing is 8922960.",
-            "Dinner at eight.",
-        ];
-        let said = [Some("It is 4522457."), Some("It is 8922960."), None];
-        assert_eq!(about_the_question(q, &texts, &said), [true, false, false]);
-        let (answer, cited) = chosen_answer(q, &said, &[true, false, false], None);
-        assert_eq!((answer.as_str(), cited), ("It is 4522457.", vec![0]));
-    }
-
-    #[test]
-    fn a_list_gathers_every_distinct_value_oldest_first() {
-        let q = "Which hidden numbers were recorded for the Danube? List all of them.";
-        let said = [
-            Some("The number is 41."),
-            Some("The number is 7."),
-            None,
-            Some("the number is 41."),
-        ];
-        let (answer, cited) = chosen_answer(q, &said, &[true; 4], None);
-        assert_eq!(answer, "The number is 41. The number is 7.");
-        assert_eq!(cited, [0, 1]);
-    }
-
-    #[test]
-    fn the_notes_answer_only_when_no_passage_says_then_not_known() {
-        let q = "When is Kofi's birthday?";
-        let (answer, cited) = chosen_answer(q, &[None, None], &[true; 2], Some("On May 2.".into()));
-        assert_eq!((answer.as_str(), cited.len()), ("On May 2.", 0));
-        let (answer, cited) = chosen_answer(q, &[None], &[true], None);
-        assert!(abstains(&answer), "{answer}");
-        assert!(cited.is_empty());
-    }
-
-    #[test]
-    fn an_answer_is_its_first_line_without_a_passage_label() {
-        assert_eq!(
-            first_line("\nPassage 2: Ravi lives in Ghent.\nPassage 3: Ravi moved."),
-            "Ravi lives in Ghent."
-        );
-        assert_eq!(
-            first_line("Passage: The code is 4411."),
-            "The code is 4411."
-        );
-        assert!(abstains("Not known."));
-        assert!(abstains("The passage does not say."));
-        assert!(abstains("  "));
-        assert!(!abstains("Ravi lives in Ghent."));
-        assert!(asks_for_all("What are all the numbers for Paris?"));
-        assert!(asks_for_all("Which numbers were recorded? List them."));
-        assert!(!asks_for_all("Where does Ravi live?"));
-        assert!(!asks_for_all("Is it small?"), "words, not letters");
-    }
 }

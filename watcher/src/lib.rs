@@ -7,7 +7,9 @@
 //! scheduler that decides which stream the engine reads next, and the HTTP API. The
 //! engine itself runs on the thread that owns the model, behind a request channel
 //! ([`EngineHandle`]); [`serve_engine`] is that thread's loop. Problems with single files
-//! are logged with the file and never stop the daemon. The crate never prints.
+//! are logged with the file and never stop the daemon. How a question is answered is
+//! `memagent_memory`'s: the API and the engine thread pass its typed queries and answers
+//! through and serialise them. The crate never prints.
 //!
 //! ```no_run
 //! # fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -15,7 +17,7 @@
 //! use memagent_watcher::{DaemonInfo, DaemonOptions, EngineHandle};
 //!
 //! let store = Arc::new(memagent_store::Store::open("/tmp/memagent-data".as_ref())?);
-//! let recall = Arc::new(memagent_store::Recall::open("/tmp/memagent-data/index".as_ref(), None)?);
+//! let recall = Arc::new(memagent_recall::Recall::open("/tmp/memagent-data/index".as_ref(), None)?);
 //! let (engine, requests) = EngineHandle::channel();
 //! // The thread that owns the model runs `serve_engine(&agent, &store, …, requests)`.
 //! # drop(requests);
@@ -31,7 +33,7 @@
 //! };
 //! memagent_watcher::run(store, recall, engine, info, DaemonOptions::default())?;
 //! # Ok(()) }
-//! //! ```
+//! ```
 
 mod api;
 mod chat;
@@ -49,18 +51,17 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use memagent_store::{Recall, Store};
+use memagent_recall::Recall;
+use memagent_store::Store;
 use notify::{RecursiveMode, Watcher};
 
-pub use api::{
-    answer_json, deep_json, empty_memory, evidence_answer_json, stream_rows, DaemonInfo,
-};
+pub use api::{stream_rows, DaemonInfo};
 pub use chat::{parse as parse_chat, render_message, utc, Parsed};
 pub use config::{
     socket_path, validate_watches, DaemonOptions, ProxyOptions, TcpOptions, WatchConfig,
     WatchFormat,
 };
-pub use engine::{answer_with_evidence, serve as serve_engine, EngineHandle, Request, Step};
+pub use engine::{serve as serve_engine, EngineHandle, Request, Step};
 pub use error::{Error, Result};
 
 use config::Watch;
@@ -267,7 +268,7 @@ pub fn run(
 /// stream named on `appended` (names that queue up while it works are read once).
 /// Errors are logged with the stream and never stop it.
 fn index_appends(store: &Store, recall: &Recall, appended: mpsc::Receiver<String>) {
-    match memagent_store::sync_all(store, recall) {
+    match memagent_memory::sync_all(store, recall) {
         Ok(done) => {
             for (stream, r) in done {
                 tracing::info!(
@@ -288,10 +289,10 @@ fn index_appends(store: &Store, recall: &Recall, appended: mpsc::Receiver<String
         for name in names {
             let result = match store.stream(&name) {
                 Ok(Some(stream)) => {
-                    memagent_store::sync_stream(store, recall, &stream, &mut |_| {})
+                    memagent_memory::sync_stream(store, recall, &stream, &mut |_| {})
                 }
                 Ok(None) => continue,
-                Err(e) => Err(e),
+                Err(e) => Err(e.into()),
             };
             match result {
                 Ok(r) if r.passages > 0 => tracing::debug!(

@@ -25,9 +25,11 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use memagent_engine::agent::Completion;
+use memagent_agent::Completion;
 use memagent_engine::{Message, StopReason};
-use memagent_store::{Evidence, MemoryVersion, Recall, Store, GENERAL};
+use memagent_memory::Evidence;
+use memagent_recall::Recall;
+use memagent_store::{MemoryVersion, Store, GENERAL};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
@@ -200,7 +202,7 @@ async fn handle(
                 if store.stream(&name)?.is_none() {
                     return Ok(Vec::new());
                 }
-                memagent_store::search(&store, &recall, Some(&[&name]), &text, EVIDENCE_K)
+                memagent_memory::search(&store, &recall, Some(&[&name]), &text, EVIDENCE_K)
             })
             .await;
             match found {

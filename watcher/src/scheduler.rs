@@ -14,7 +14,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use memagent_store::{MemoryVersion, Recall, StandingAnswer, Store, GENERAL};
+use memagent_recall::Recall;
+use memagent_store::{MemoryVersion, StandingAnswer, Store, GENERAL};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::WatchConfig;
@@ -69,8 +70,8 @@ impl Scheduler {
             tokio::task::spawn_blocking(move || {
                 asked
                     .iter()
-                    .map(|q| memagent_store::search(&store, &recall, Some(&[&name]), q, 8))
-                    .collect::<memagent_store::Result<Vec<_>>>()
+                    .map(|q| memagent_memory::search(&store, &recall, Some(&[&name]), q, 8))
+                    .collect::<memagent_memory::Result<Vec<_>>>()
             })
             .await
         };
@@ -91,7 +92,7 @@ impl Scheduler {
                 memory.clone(),
                 questions.clone(),
                 found,
-                memagent_store::EVIDENCE_TOKENS,
+                memagent_memory::EVIDENCE_TOKENS,
             )
             .await
             .map(|answers| {

@@ -3,7 +3,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Instant, SystemTime};
 
-use memagent_store::StepOutcome;
+use memagent_memory::StepOutcome;
 
 /// Lags kept per stream for the percentiles.
 const LAG_SAMPLES: usize = 4096;

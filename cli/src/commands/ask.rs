@@ -5,9 +5,9 @@ use std::time::Instant;
 
 use anyhow::Result;
 use indicatif::ProgressBar;
-use memagent_engine::agent::{AgentRun, AnswerReport, Progress, StepReport, NO_MEMORY};
+use memagent_agent::{AgentRun, AnswerReport, Progress, StepReport, NO_MEMORY};
 use memagent_store::MemoryVersion;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::ModelBackend;
 use crate::cli::AskArgs;
@@ -44,10 +44,10 @@ pub fn run(global: &Settings, args: &AskArgs) -> Result<()> {
                         .steps
                         .last()
                         .map_or(NO_MEMORY.to_string(), |s| s.memory.clone()),
-                    ..memagent_watcher::empty_memory()
+                    ..memagent_memory::empty_memory()
                 };
                 let question = [args.question.clone()];
-                let mut answered = memagent_watcher::answer_with_evidence(
+                let mut answered = memagent_memory::answer_with_evidence(
                     agent,
                     &memory,
                     &question,
@@ -70,13 +70,7 @@ pub fn run(global: &Settings, args: &AskArgs) -> Result<()> {
     let mut value = run_json(&run);
     let answer = match &evidence {
         None => run.final_answer.answer.clone(),
-        Some((report, used)) if !args.json => {
-            let passages: Vec<Value> = used
-                .iter()
-                .map(serde_json::to_value)
-                .collect::<Result<_, _>>()?;
-            super::recall::with_citations(&report.answer, &passages)
-        }
+        Some((report, used)) if !args.json => super::recall::with_citations(&report.answer, used),
         Some((report, used)) => {
             // The memory's own answer stays beside it, under `memory_answer`.
             value["mode"] = json!("evidence");

@@ -3,10 +3,10 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use memagent_engine::agent::MemoryAgent;
+use memagent_agent::{MemoryAgent, REPEAT_GUARD_TOKENS, UPDATE};
 use memagent_engine::bench::{
     bench_batch, bench_decode, bench_decode_batch, bench_prefill, bench_projections, bench_rewrite,
-    BenchResult,
+    BenchResult, RewriteWork,
 };
 use memagent_tasks::{single_needle, Haystack, NeedleSample};
 use serde::Serialize;
@@ -73,12 +73,20 @@ pub fn engine(global: &Settings, args: &BenchEngineArgs) -> Result<()> {
             results.push(r);
         }
     }
+    let fill = |memory: &str, chunk: &str| {
+        UPDATE.fill("What does the text say about libraries?", memory, chunk)
+    };
+    let work = RewriteWork {
+        filler: FILLER,
+        fill: &fill,
+        repeat_guard: REPEAT_GUARD_TOKENS,
+    };
     for &m in args.rewrite.iter().filter(|&&m| m > 0) {
-        let (plain, want) = bench_rewrite(&model, FILLER, m, 256, 0, args.repeats)?;
+        let (plain, want) = bench_rewrite(&model, &work, m, 256, 0, args.repeats)?;
         report_progress(&plain);
         let (drafted, got) = bench_rewrite(
             &model,
-            FILLER,
+            &work,
             m,
             256,
             args.draft_tokens.max(1),
@@ -95,9 +103,8 @@ pub fn engine(global: &Settings, args: &BenchEngineArgs) -> Result<()> {
         results.push(drafted);
     }
     if args.batch > 1 {
-        let (alone, together) =
-            bench_batch(&model, FILLER, args.batch, 128, 256, args.draft_tokens)
-                .with_context(|| format!("bw{}", args.batch))?;
+        let (alone, together) = bench_batch(&model, &work, args.batch, 128, 256, args.draft_tokens)
+            .with_context(|| format!("bw{}", args.batch))?;
         report_progress(&alone);
         report_progress(&together);
         results.push(alone);
@@ -320,7 +327,7 @@ fn run_needle(
     } else {
         match agent.direct(&sample.document, &sample.question) {
             Ok(report) => Some(report.answer),
-            Err(memagent_engine::Error::Budget(reason)) => {
+            Err(memagent_agent::Error::Budget(reason)) => {
                 tracing::debug!("direct n/a at {length}: {reason}");
                 None
             }
@@ -619,8 +626,7 @@ pub fn daemon(global: &Settings, args: &BenchDaemonArgs) -> Result<()> {
         let model = super::load_model(global)?;
         let sample = &content[..content.floor_char_boundary(65536)];
         let tokens = model.tokenizer().encode(sample, false)?.len().max(1);
-        let profile =
-            memagent_engine::agent::Profile::for_model(model.name(), Some(model.parameters()));
+        let profile = memagent_agent::Profile::for_model(model.name(), Some(model.parameters()));
         (sample.len() as f64 / tokens as f64, profile.chunk_tokens)
     };
     let piece = |i: usize, tokens: usize| -> String {

@@ -121,7 +121,7 @@ pub fn run(global: &Settings, args: &DaemonRunArgs) -> Result<()> {
                     backend.with_agent(&run, |agent| {
                         agent.budget("")?;
                         let _ = ready_tx.send(Ok((model.clone(), agent.profile)));
-                        let ingestor = memagent_store::Ingestor::new(&store, agent, &model, &sha)
+                        let ingestor = memagent_memory::Ingestor::new(&store, agent, &model, &sha)
                             .with_writer(writer, embedder.as_deref());
                         memagent_watcher::serve_engine(agent, &store, &ingestor, requests);
                         Ok(())

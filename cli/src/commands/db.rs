@@ -58,7 +58,8 @@ impl Db {
                 let id = store.require(stream)?.id;
                 store.remove_stream(stream)?;
                 // Its passages go too (no embedder needed to delete).
-                memagent_store::Recall::open(&store.path().join("index"), None)?.reset(Some(id))?;
+                memagent_recall::Recall::open(&memagent_memory::index_dir(store.path()), None)?
+                    .reset(Some(id))?;
             }
             Self::Daemon(client) => {
                 client.delete(&format!("/v1/streams?stream={}", query_escape(stream)))?;
@@ -83,20 +84,20 @@ impl Db {
     }
 
     /// A memory version as JSON with each line's source under `sources`
-    /// ([`memagent_store::line_sources`]); `recall` opens the passage index when the
+    /// ([`memagent_memory::line_sources`]); `recall` opens the passage index when the
     /// database is local.
     pub fn version_with_sources(
         &self,
         stream: &str,
         at: Option<u64>,
-        recall: impl FnOnce(&Store) -> Result<memagent_store::Recall>,
+        recall: impl FnOnce(&Store) -> Result<memagent_recall::Recall>,
     ) -> Result<Value> {
         match self {
             Self::Local(store) => {
                 let v = version_at(store, stream, at)?;
                 let recall = recall(store)?;
                 let sources =
-                    memagent_store::line_sources(store, &recall, &store.require(stream)?, &v)?;
+                    memagent_memory::line_sources(store, &recall, &store.require(stream)?, &v)?;
                 let mut body = serde_json::to_value(&v)?;
                 body["sources"] = serde_json::to_value(sources)?;
                 Ok(body)
@@ -137,18 +138,21 @@ impl Db {
 /// A memory version of a stream in `store` (the latest without `at`), or an error that
 /// says what to do.
 pub fn version_at(store: &Store, stream: &str, at: Option<u64>) -> Result<MemoryVersion> {
-    let record = store.require(stream)?;
-    let found = match at {
-        Some(v) => store.version(&record, GENERAL, v)?,
-        None => store.latest(&record, GENERAL)?,
-    };
-    match (found, at) {
-        (Some(v), _) => Ok(v),
-        (None, Some(v)) => bail!(
+    memagent_memory::version_at(store, stream, at).map_err(memory_error)
+}
+
+/// `memory`'s error, with what to do where the user can do something.
+pub fn memory_error(e: memagent_memory::Error) -> anyhow::Error {
+    match e {
+        memagent_memory::Error::NoMemory {
+            stream,
+            at: Some(v),
+        } => anyhow::anyhow!(
             "stream `{stream}` has no memory version {v}; `memctl memory history {stream}` lists them"
         ),
-        (None, None) => bail!(
+        memagent_memory::Error::NoMemory { stream, at: None } => anyhow::anyhow!(
             "stream `{stream}` has no memory yet; run `memctl ingest {stream}` to read its content"
         ),
+        e => e.into(),
     }
 }

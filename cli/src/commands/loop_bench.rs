@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use memagent_engine::agent::{AgentRun, MemoryAgent, OpenAiBackend, RemoteOptions};
+use memagent_agent::{AgentRun, MemoryAgent, OpenAiBackend, RemoteOptions};
 use memagent_engine::StopReason;
 use memagent_tasks::single_needle;
 use serde::Serialize;

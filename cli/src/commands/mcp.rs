@@ -13,6 +13,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use anyhow::{anyhow, bail, Context, Result};
+use memagent_memory::{Evidence, Mode, EVIDENCE_TOKENS, PASSAGES_K};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
@@ -27,9 +28,7 @@ use serde_json::{json, Value};
 
 use super::client::query_escape;
 use super::db::Db;
-use super::streams::{
-    answer_text, daemon_answers, local_answers, read_pending, AnswerRequest, Evidence,
-};
+use super::streams::{daemon_answers, local_answers, read_pending};
 use super::ModelBackend;
 use crate::cli::{LoopArgs, McpArgs};
 use crate::settings::Settings;
@@ -224,40 +223,35 @@ impl Shared {
         if p.deep && p.version.is_some() {
             bail!("`deep` reads the stored text again and answers from its own memory; leave out `version`");
         }
-        let questions = [p.question];
-        let evidence = Evidence {
-            memory_only: p.memory_only || p.deep,
-            ..Evidence::default()
+        let query = memagent_memory::Query {
+            stream: p.stream.clone(),
+            questions: vec![p.question],
+            at: p.version,
+            mode: Mode::from_flags(p.deep, p.memory_only, PASSAGES_K, EVIDENCE_TOKENS),
         };
         let answer = match Db::open(&self.global)? {
-            Db::Daemon(client) => {
-                daemon_answers(&client, &p.stream, &questions, p.version, p.deep, &evidence)?
-            }
+            Db::Daemon(client) => daemon_answers(&client, &query)?,
             Db::Local(store) => {
-                let recall = match evidence.memory_only {
-                    true => None,
-                    false => Some(super::recall::open_recall(&self.global, &store)?),
+                let recall = match query.mode.searches() {
+                    true => Some(super::recall::open_recall(&self.global, &store)?),
+                    false => None,
                 };
+                let plan = query
+                    .plan(&store, recall.as_ref())
+                    .map_err(super::db::memory_error)?;
                 let guard = self.model()?;
                 let backend = guard.as_ref().expect("loaded above");
-                let request = AnswerRequest {
-                    stream: &p.stream,
-                    questions: &questions,
-                    at: p.version,
-                    deep: p.deep,
-                    evidence: recall.as_ref().map(|r| (r, evidence)),
-                };
-                local_answers(&store, backend, &self.run, &request, &mut |_, _, _| {})?
+                local_answers(&store, backend, &self.run, &query, plan, &mut |_, _, _| {})?
             }
         }
         .pop()
         .context("no answer came back")?;
-        let mut said = answer_text(&answer).trim().to_string();
-        let cited: Vec<&Value> = answer["passages"]
-            .as_array()
-            .into_iter()
+        let mut said = answer.text().trim().to_string();
+        let cited: Vec<&Evidence> = answer
+            .passages
+            .iter()
             .flatten()
-            .filter(|p| p["cited"] == true)
+            .filter(|p| p.cited)
             .collect();
         if !cited.is_empty() {
             said.push_str("\n\nFrom:");
@@ -266,33 +260,17 @@ impl Shared {
                     "\n[{}] {}: {}",
                     i + 1,
                     super::recall::provenance(p),
-                    p["text"].as_str().unwrap_or_default().trim()
+                    p.hit.text.trim()
                 ));
             }
         }
-        Ok((said, answer))
+        Ok((said, serde_json::to_value(&answer)?))
     }
 
     fn search(&self, p: SearchParams) -> Result<(String, Value)> {
         let k = p.k.unwrap_or(5);
-        let passages: Vec<Value> = match Db::open(&self.global)? {
-            Db::Daemon(client) => {
-                let body = match &p.stream {
-                    Some(stream) => json!({"stream": stream, "text": p.text, "k": k}),
-                    None => json!({"all": true, "text": p.text, "k": k}),
-                };
-                let reply = client.post("/v1/search", &body)?;
-                reply["passages"].as_array().cloned().unwrap_or_default()
-            }
-            Db::Local(store) => {
-                let recall = super::recall::open_recall(&self.global, &store)?;
-                let streams = p.stream.as_deref().map(|s| vec![s]);
-                memagent_store::search(&store, &recall, streams.as_deref(), &p.text, k)?
-                    .iter()
-                    .map(|e| serde_json::to_value(e).unwrap_or_default())
-                    .collect()
-            }
-        };
+        let passages =
+            super::recall::search_passages(&self.global, p.stream.as_deref(), &p.text, k)?;
         let said = match passages.is_empty() {
             true => "no passage found".to_string(),
             false => passages
@@ -303,7 +281,7 @@ impl Shared {
                         "[{}] {}\n{}",
                         i + 1,
                         super::recall::provenance(p),
-                        p["text"].as_str().unwrap_or_default().trim()
+                        p.hit.text.trim()
                     )
                 })
                 .collect::<Vec<_>>()

@@ -22,7 +22,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use memagent_engine::agent::{
+use memagent_agent::{
     MemoryAgent, OpenAiBackend, Profile, RemoteOptions, RemoteTokenizer, TextTokenizer,
 };
 use memagent_engine::{
@@ -32,7 +32,7 @@ use memagent_engine::{
 
 use crate::cli::{
     BackendArgs, BackendKind, BenchCommand, Cli, Command, DaemonCommand, LoopArgs, ModelCommand,
-    ProfileArgs, SamplingArgs,
+    ProfileArgs, SamplingArgs, TrainCommand,
 };
 use crate::settings;
 use crate::settings::Settings;
@@ -68,14 +68,18 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(BenchCommand::Ruler(args)) => ruler::run(global, &args),
         Command::Bench(BenchCommand::Loop(args)) => loop_bench::run(global, &args),
         Command::Bench(BenchCommand::Proxy(args)) => bench::proxy(global, &args),
-        Command::Train(args) => train::run(global, &args),
+        Command::Train(args) => match &args.command {
+            Some(TrainCommand::Data(data)) => train::print_data(global, data),
+            Some(TrainCommand::Sample(sample)) => train_sample::run(global, sample),
+            None => train::train(global, &args),
+        },
         Command::Mcp(args) => mcp::run(global, &args),
         Command::Answers { stream, json } => streams::answers(global, &stream, json),
     }
 }
 
-/// The adapter `--adapter` names (`none`, or nothing given: the base model alone).
-/// `--adapter`: unset means the model's default adapter (when it matches the model file).
+/// The adapter `--adapter` names: a file; `none` for the base model alone; unset for
+/// the model's default adapter (when it matches the model file).
 pub fn adapter_choice(global: &Settings) -> AdapterChoice {
     match global.adapter.as_deref() {
         None => AdapterChoice::Default,
@@ -84,8 +88,9 @@ pub fn adapter_choice(global: &Settings) -> AdapterChoice {
     }
 }
 
-/// Whether prefill keeps an f32 copy of the weights: $MEMAGENT_PREFILL_WEIGHTS=copy, for
-/// comparing with the default `tiles` (blocks dequantized inside the GEMM).
+/// How prefill multiplies the weights: $MEMAGENT_PREFILL_WEIGHTS, for comparisons with
+/// the default `integer` (8-bit products on the file's own blocks): `tiles` (blocks
+/// dequantized inside the GEMM) or `copy` (an f32 copy of the weights).
 pub(crate) fn prefill_weights() -> Result<PrefillWeights> {
     match std::env::var("MEMAGENT_PREFILL_WEIGHTS").ok().as_deref() {
         None | Some("") | Some("integer") => Ok(PrefillWeights::Integer),
@@ -283,7 +288,7 @@ impl ModelBackend {
 
     /// How the general memory is written: --writer, else the config file's, else the
     /// one the model's adapter was trained for, else rewrite.
-    pub fn writer(&self, overrides: &ProfileArgs) -> Result<memagent_engine::agent::Writer> {
+    pub fn writer(&self, overrides: &ProfileArgs) -> Result<memagent_agent::Writer> {
         if let Some(w) = overrides.writer {
             return Ok(w);
         }
@@ -292,8 +297,8 @@ impl ModelBackend {
                 .parse()
                 .with_context(|| "`writer` under [profile] in the configuration file".to_string()),
             None => Ok(match &self.inner {
-                Inner::Local(model) => model.adapter_writer().unwrap_or_default(),
-                Inner::Remote { .. } => memagent_engine::agent::Writer::default(),
+                Inner::Local(model) => memagent_agent::adapter_writer(model).unwrap_or_default(),
+                Inner::Remote { .. } => memagent_agent::Writer::default(),
             }),
         }
     }
@@ -301,7 +306,7 @@ impl ModelBackend {
     /// How question-mode steps read their chunk: --reading, else the config file's,
     /// else focused for models of the small profile and whole for the others (the
     /// RL-trained checkpoints read whole chunks).
-    pub fn reading(&self, overrides: &ProfileArgs) -> Result<memagent_engine::agent::Reading> {
+    pub fn reading(&self, overrides: &ProfileArgs) -> Result<memagent_agent::Reading> {
         if let Some(r) = overrides.reading {
             return Ok(r);
         }
@@ -311,9 +316,9 @@ impl ModelBackend {
                 .with_context(|| "`reading` under [profile] in the configuration file".to_string()),
             None => Ok(
                 if matches!(self.model_profile(overrides), Ok(p) if p == Profile::SMALL) {
-                    memagent_engine::agent::Reading::Focused
+                    memagent_agent::Reading::Focused
                 } else {
-                    memagent_engine::agent::Reading::Whole
+                    memagent_agent::Reading::Whole
                 },
             ),
         }
@@ -324,10 +329,10 @@ impl ModelBackend {
         &self,
         global: &Settings,
         overrides: &ProfileArgs,
-    ) -> Result<Option<std::sync::Arc<memagent_store::Embedder>>> {
+    ) -> Result<Option<std::sync::Arc<memagent_recall::Embedder>>> {
         match self.writer(overrides)? {
-            memagent_engine::agent::Writer::Lines => recall::load_embedder(global),
-            memagent_engine::agent::Writer::Rewrite => Ok(None),
+            memagent_agent::Writer::Lines => recall::load_embedder(global),
+            memagent_agent::Writer::Rewrite => Ok(None),
         }
     }
 

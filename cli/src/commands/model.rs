@@ -18,8 +18,8 @@ fn adapter_file(model: &std::path::Path, choice: &AdapterChoice) -> Option<std::
 }
 
 /// The templates of answers, which run with an adapter only when it learned them.
-fn answer_templates() -> Vec<memagent_engine::agent::Template> {
-    use memagent_engine::agent::*;
+fn answer_templates() -> Vec<memagent_agent::Template> {
+    use memagent_agent::*;
     vec![
         FINAL_BOXED,
         FINAL_EVAL,
@@ -94,7 +94,7 @@ pub fn info(global: &Settings, json: bool) -> Result<()> {
                 "writer": adapter.manifest.writer(),
                 "answers": answer_templates()
                     .into_iter()
-                    .filter(|t| adapter.manifest.trained_for(*t))
+                    .filter(|t| memagent_agent::trained_for(&adapter.manifest, *t))
                     .map(|t| t.id)
                     .collect::<Vec<_>>(),
             }))

@@ -4,8 +4,10 @@ use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use memagent_store::{Embedder, Evidence, Recall, Store};
-use serde_json::{json, Value};
+use memagent_memory::Evidence;
+use memagent_recall::{Embedder, Hit, Recall};
+use memagent_store::Store;
+use serde_json::json;
 
 use super::db::Db;
 use super::print_json;
@@ -35,13 +37,16 @@ pub fn open_recall(global: &Settings, store: &Store) -> Result<Recall> {
 /// The passage index, as it is on disk.
 pub fn open_recall_only(global: &Settings, store: &Store) -> Result<Recall> {
     let embedder = load_embedder(global)?;
-    Ok(Recall::open(&store.path().join("index"), embedder)?)
+    Ok(Recall::open(
+        &memagent_memory::index_dir(store.path()),
+        embedder,
+    )?)
 }
 
 /// Indexes whatever the logs hold past what the index has read (new text, a database
 /// from before the index, an import), saying so when it is much.
 pub fn catch_up(store: &Store, recall: &Recall) -> Result<()> {
-    for (stream, report) in memagent_store::sync_all(store, recall)? {
+    for (stream, report) in memagent_memory::sync_all(store, recall)? {
         tracing::info!(
             "search index: read {} bytes of `{stream}` into {} passages in {:.1}s",
             report.bytes,
@@ -111,25 +116,7 @@ pub fn search(global: &Settings, args: &SearchArgs) -> Result<()> {
     if args.k == 0 {
         bail!("-k must be at least 1");
     }
-    let results: Vec<Value> = match Db::open(global)? {
-        Db::Daemon(client) => {
-            let body = match stream {
-                Some(s) => json!({"stream": s, "text": text, "k": args.k}),
-                None => json!({"all": true, "text": text, "k": args.k}),
-            };
-            let reply = client.post("/v1/search", &body)?;
-            reply["passages"].as_array().cloned().unwrap_or_default()
-        }
-        Db::Local(store) => {
-            let recall = open_recall(global, &store)?;
-            let streams: Option<Vec<&str>> = stream.map(|s| vec![s]);
-            let found = memagent_store::search(&store, &recall, streams.as_deref(), text, args.k)?;
-            found
-                .iter()
-                .map(|e| serde_json::to_value(e).unwrap_or_default())
-                .collect()
-        }
-    };
+    let results = search_passages(global, stream, text, args.k)?;
     if args.json {
         return print_json(&json!({"text": text, "passages": results}));
     }
@@ -139,60 +126,82 @@ pub fn search(global: &Settings, args: &SearchArgs) -> Result<()> {
     }
     for (i, p) in results.iter().enumerate() {
         writeln!(out, "[{}] {}", i + 1, provenance(p))?;
-        for line in p["text"].as_str().unwrap_or_default().trim().lines() {
+        for line in p.hit.text.trim().lines() {
             writeln!(out, "    {line}")?;
         }
     }
     Ok(())
 }
 
-/// `stream bytes a..b · file:line · memory vN · score`, as a result's header.
-/// An answer's text, then a line for each of `passages` (JSON, as answers give them)
-/// that it cites: "from notes.md:3 (time)".
-pub fn with_citations(answer: &str, passages: &[Value]) -> String {
+/// The `k` passages found for `text` in `stream` (every stream: `None`), through the
+/// daemon when it runs.
+pub fn search_passages(
+    global: &Settings,
+    stream: Option<&str>,
+    text: &str,
+    k: usize,
+) -> Result<Vec<Evidence>> {
+    match Db::open(global)? {
+        Db::Daemon(client) => {
+            let body = match stream {
+                Some(s) => json!({"stream": s, "text": text, "k": k}),
+                None => json!({"all": true, "text": text, "k": k}),
+            };
+            let mut reply = client.post("/v1/search", &body)?;
+            Ok(serde_json::from_value(reply["passages"].take())?)
+        }
+        Db::Local(store) => {
+            let recall = open_recall(global, &store)?;
+            let streams: Option<Vec<&str>> = stream.map(|s| vec![s]);
+            Ok(memagent_memory::search(
+                &store,
+                &recall,
+                streams.as_deref(),
+                text,
+                k,
+            )?)
+        }
+    }
+}
+
+/// An answer's text, then a line for each of `passages` that it cites: "from
+/// notes.md:3 (time)".
+pub fn with_citations(answer: &str, passages: &[Evidence]) -> String {
     let mut text = answer.trim().to_string();
-    for p in passages.iter().filter(|p| p["cited"] == true) {
-        text.push_str(&format!("\n  from {}", citation(p)));
+    for p in passages.iter().filter(|p| p.cited) {
+        text.push_str(&format!("\n  from {}", citation(&p.hit)));
     }
     text
 }
 
 /// Where a passage is, short: its file and line (or its stream's bytes), and the chat
 /// turn's time when it has one.
-pub fn citation(p: &Value) -> String {
-    let mut at = match (p["source"].as_str(), p["line"].as_u64()) {
+pub fn citation(p: &Hit) -> String {
+    let mut at = match (&p.source, p.line) {
         (Some(source), Some(line)) => format!("{source}:{line}"),
-        (Some(source), None) => source.to_string(),
-        _ => format!(
-            "{} bytes {}..{}",
-            p["stream"].as_str().unwrap_or_default(),
-            p["start"],
-            p["end"]
-        ),
+        (Some(source), None) => source.clone(),
+        _ => format!("{} bytes {}..{}", p.stream, p.start, p.end),
     };
-    if let Some(time) = p["time"].as_str() {
+    if let Some(time) = &p.time {
         at.push_str(&format!(" ({time})"));
     }
     at
 }
 
-pub fn provenance(p: &Value) -> String {
-    let mut parts = vec![format!(
-        "{} bytes {}..{}",
-        p["stream"].as_str().unwrap_or_default(),
-        p["start"],
-        p["end"]
-    )];
-    if let Some(source) = p["source"].as_str() {
-        match p["line"].as_u64() {
+/// `stream bytes a..b · file:line · memory vN · score`, as a result's header.
+pub fn provenance(p: &Evidence) -> String {
+    let h = &p.hit;
+    let mut parts = vec![format!("{} bytes {}..{}", h.stream, h.start, h.end)];
+    if let Some(source) = &h.source {
+        match h.line {
             Some(line) => parts.push(format!("{source}:{line}")),
-            None => parts.push(source.to_string()),
+            None => parts.push(source.clone()),
         }
     }
-    if let Some(v) = p["version"].as_u64() {
+    if let Some(v) = p.version {
         parts.push(format!("memory v{v}"));
     }
-    parts.push(format!("score {:.4}", p["score"].as_f64().unwrap_or(0.0)));
+    parts.push(format!("score {:.4}", h.score));
     parts.join(" · ")
 }
 
@@ -224,7 +233,7 @@ pub fn index(global: &Settings, command: &IndexCommand) -> Result<()> {
                     bar.set_position(0);
                     bar.set_message(s.name.clone());
                 }
-                let report = memagent_store::sync_stream(&store, &recall, s, &mut |at| {
+                let report = memagent_memory::sync_stream(&store, &recall, s, &mut |at| {
                     if let Some(bar) = &bar {
                         bar.set_position(at);
                     }
@@ -263,7 +272,7 @@ pub fn index(global: &Settings, command: &IndexCommand) -> Result<()> {
                     "stream": s.name,
                     "log_bytes": s.log_len,
                     "indexed_bytes": recall.stream_state(s.id).len,
-                    "index_lag_bytes": memagent_store::index_lag(&recall, &s),
+                    "index_lag_bytes": memagent_memory::index_lag(&recall, &s),
                     "passages": recall.count(Some(s.id))?,
                 }));
             }
@@ -386,15 +395,15 @@ pub fn bench(global: &Settings, args: &crate::cli::BenchRecallArgs) -> Result<()
             drop(recall);
             let _ = std::fs::remove_dir_all(&dir);
         }
-        let chunk = memagent_engine::agent::Chunk {
+        let chunk = memagent_agent::Chunk {
             text: chunk_text.clone(),
             tokens: c,
         };
         let started = Instant::now();
         agent.update_with(
-            memagent_engine::agent::GENERAL_UPDATE,
+            memagent_agent::GENERAL_UPDATE,
             "",
-            memagent_engine::agent::NO_MEMORY,
+            memagent_agent::NO_MEMORY,
             &chunk,
         )?;
         let step = started.elapsed().as_secs_f64();

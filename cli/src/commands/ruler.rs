@@ -7,8 +7,9 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
-use memagent_engine::agent::{MemoryAgent, NO_MEMORY};
-use memagent_store::{Ingestor, Store, StreamRecord, GENERAL, GENERAL_ANSWER};
+use memagent_agent::{MemoryAgent, NO_MEMORY};
+use memagent_memory::{Ingestor, GENERAL_ANSWER};
+use memagent_store::{Store, StreamRecord, GENERAL};
 use memagent_tasks::{generate_split, score, EvalSplit, QaItem, RulerSample, Sources, Task};
 use serde::{Deserialize, Serialize};
 
@@ -333,7 +334,7 @@ pub fn run(global: &Settings, args: &BenchRulerArgs) -> Result<()> {
 
 /// How the evidence modes search a document.
 struct Searcher {
-    embedder: Option<std::sync::Arc<memagent_store::Embedder>>,
+    embedder: Option<std::sync::Arc<memagent_recall::Embedder>>,
     k: usize,
     budget: usize,
 }
@@ -426,10 +427,10 @@ fn run_group(
             };
             let memory = memagent_store::MemoryVersion {
                 text: memory,
-                ..memagent_watcher::empty_memory()
+                ..memagent_memory::empty_memory()
             };
             let question = [sample.question.clone()];
-            let answered = memagent_watcher::answer_with_evidence(
+            let answered = memagent_memory::answer_with_evidence(
                 agent,
                 &memory,
                 &question,
@@ -447,7 +448,7 @@ fn run_group(
         let started = Instant::now();
         let answer = match agent.direct(&sample.document, &sample.question) {
             Ok(report) => Some(report.answer),
-            Err(memagent_engine::Error::Budget(reason)) => {
+            Err(memagent_agent::Error::Budget(reason)) => {
                 tracing::debug!("direct n/a: {reason}");
                 None
             }
@@ -665,7 +666,7 @@ fn write_report(
     out: &Path,
     records: &[Record],
     model: &str,
-    profile: &memagent_engine::agent::Profile,
+    profile: &memagent_agent::Profile,
     haystack: &str,
 ) -> Result<()> {
     std::fs::write(

@@ -5,11 +5,12 @@ use std::collections::BTreeMap;
 use std::io::Write;
 
 use anyhow::{bail, Context, Result};
-use memagent_store::{general_answers, MemoryVersion, Store, GENERAL};
+use memagent_memory::{Mode, Query};
+use memagent_store::{MemoryVersion, Store, GENERAL};
 use memagent_tasks::{session_chat, session_correct, QuestionKind, SessionSample};
 use serde_json::{json, Value};
 
-use super::streams::read_pending;
+use super::streams::{local_answers, read_pending};
 use super::ModelBackend;
 use crate::cli::BenchSessionsArgs;
 use crate::settings::Settings;
@@ -63,10 +64,11 @@ pub fn run(global: &Settings, args: &BenchSessionsArgs) -> Result<()> {
         let stream = store.require("chat")?;
         let memory = match store.latest(&stream, GENERAL)? {
             Some(v) => v,
-            None => memagent_watcher::empty_memory(),
+            None => memagent_memory::empty_memory(),
         };
-        let recall = memagent_store::Recall::open(&dir.join("index"), embedder.clone())?;
-        memagent_store::sync_stream(&store, &recall, &stream, &mut |_| {})?;
+        let recall =
+            memagent_recall::Recall::open(&memagent_memory::index_dir(&dir), embedder.clone())?;
+        memagent_memory::sync_stream(&store, &recall, &stream, &mut |_| {})?;
         let questions: Vec<String> = sample
             .questions
             .iter()
@@ -107,39 +109,34 @@ pub fn run(global: &Settings, args: &BenchSessionsArgs) -> Result<()> {
 /// Each question's answer in `mode`, with the passages it cited (their starts).
 fn answer(
     store: &Store,
-    recall: &memagent_store::Recall,
+    recall: &memagent_recall::Recall,
     backend: &ModelBackend,
     args: &BenchSessionsArgs,
     mode: &str,
     memory: &MemoryVersion,
     questions: &[String],
 ) -> Result<Vec<(String, Vec<u64>)>> {
-    if mode == "memory" {
-        if memory.version == 0 {
-            bail!("the memory mode needs the memory steps; leave out --no-memory");
+    let mode = match mode {
+        "memory" if memory.version == 0 => {
+            bail!("the memory mode needs the memory steps; leave out --no-memory")
         }
-        let asked: Vec<&str> = questions.iter().map(String::as_str).collect();
-        let reports = backend.with_agent(&args.run, |agent| {
-            Ok(general_answers(agent, memory, &asked)?)
-        })?;
-        return Ok(reports.into_iter().map(|r| (r.reply, Vec::new())).collect());
-    }
-    let found = questions
-        .iter()
-        .map(|q| memagent_store::search(store, recall, Some(&["chat"]), q, 8))
-        .collect::<memagent_store::Result<Vec<_>>>()?;
-    let answered = backend.with_agent(&args.run, |agent| {
-        Ok(memagent_watcher::answer_with_evidence(
-            agent,
-            memory,
-            questions,
-            found,
-            memagent_store::EVIDENCE_TOKENS,
-        )?)
-    })?;
-    Ok(answered
+        "memory" => Mode::MemoryOnly,
+        _ => Mode::default(),
+    };
+    let query = Query {
+        stream: "chat".into(),
+        questions: questions.to_vec(),
+        at: None,
+        mode,
+    };
+    let plan = query.plan(store, Some(recall))?;
+    let answers = local_answers(store, backend, &args.run, &query, plan, &mut |_, _, _| {})?;
+    Ok(answers
         .into_iter()
-        .map(|(r, used)| (r.answer, used.iter().map(|e| e.hit.start).collect()))
+        .map(|a| {
+            let cited = a.passages.iter().flatten().map(|e| e.hit.start).collect();
+            (a.answer, cited)
+        })
         .collect())
 }
 

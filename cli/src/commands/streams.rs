@@ -3,13 +3,13 @@
 use std::io::{IsTerminal, Read, Write};
 
 use anyhow::{bail, Context, Result};
-use memagent_store::{
-    general_answers, Author, ExportRecord, Ingestor, MemoryVersion, Recall, StepOutcome, Store,
-    GENERAL,
+use memagent_memory::{
+    Answer, Ingestor, Mode, Plan, Query, StepOutcome, EVIDENCE_TOKENS, PASSAGES_K,
 };
+use memagent_store::{Author, ExportRecord, MemoryVersion, Store, GENERAL};
 use serde_json::{json, Value};
 
-use super::db::{version_at, Db};
+use super::db::Db;
 use super::{print_json, ModelBackend};
 use crate::cli::{IngestArgs, IngestFormat, LoopArgs, MemoryCommand, QueryArgs, StreamsCommand};
 use crate::settings::Settings;
@@ -179,30 +179,30 @@ pub fn read_pending(
 }
 
 pub fn query(global: &Settings, args: &QueryArgs) -> Result<()> {
-    let evidence = Evidence {
-        memory_only: args.memory_only || args.deep,
-        tokens: args.evidence_tokens,
-        k: args.passages,
+    let query = Query {
+        stream: args.stream.clone(),
+        questions: args.questions.clone(),
+        at: args.at,
+        mode: Mode::from_flags(
+            args.deep,
+            args.memory_only,
+            args.passages,
+            args.evidence_tokens,
+        ),
     };
     let answers = match Db::open(global)? {
-        Db::Daemon(client) => daemon_answers(
-            &client,
-            &args.stream,
-            &args.questions,
-            args.at,
-            args.deep,
-            &evidence,
-        )?,
+        Db::Daemon(client) => daemon_answers(&client, &query)?,
         Db::Local(store) => {
-            // A missing stream or version is told before the model loads.
-            match args.deep || !evidence.memory_only {
-                true => drop(store.require(&args.stream)?),
-                false => drop(version_at(&store, &args.stream, args.at)?),
-            }
-            let recall = match evidence.memory_only {
-                true => None,
-                false => Some(super::recall::open_recall(global, &store)?),
+            // A missing stream is told before the index catches up, and a missing
+            // version before the model loads.
+            store.require(&query.stream)?;
+            let recall = match query.mode.searches() {
+                true => Some(super::recall::open_recall(global, &store)?),
+                false => None,
             };
+            let plan = query
+                .plan(&store, recall.as_ref())
+                .map_err(super::db::memory_error)?;
             let backend = ModelBackend::open(global, &args.run.backend)?;
             let bar = super::progress_bar(
                 args.deep && !global.quiet && !args.json && std::io::stderr().is_terminal(),
@@ -214,13 +214,8 @@ pub fn query(global: &Settings, args: &QueryArgs) -> Result<()> {
                 &store,
                 &backend,
                 &args.run,
-                &AnswerRequest {
-                    stream: &args.stream,
-                    questions: &args.questions,
-                    at: args.at,
-                    deep: args.deep,
-                    evidence: recall.as_ref().map(|recall| (recall, evidence)),
-                },
+                &query,
+                plan,
                 &mut |i, step, total| {
                     done[i] = step.chunk.index + 1;
                     if let Some(bar) = &bar {
@@ -236,172 +231,62 @@ pub fn query(global: &Settings, args: &QueryArgs) -> Result<()> {
         }
     };
     if args.json {
-        return print_query_json(&args.stream, answers);
+        return print_query_json(&query.stream, &answers);
     }
     let texts: Vec<String> = answers.iter().map(cited_answer).collect();
     print_answers(&args.questions, &texts)
 }
 
-/// How an answer uses the stored text beside the memory.
-#[derive(Debug, Clone, Copy)]
-pub struct Evidence {
-    /// The memory alone (the MemAgent protocol).
-    pub memory_only: bool,
-    /// Tokens of passages the prompt may hold.
-    pub tokens: usize,
-    /// Passages searched per question.
-    pub k: usize,
-}
-
-impl Default for Evidence {
-    fn default() -> Self {
-        Self {
-            memory_only: false,
-            tokens: memagent_store::EVIDENCE_TOKENS,
-            k: 8,
-        }
-    }
-}
-
-/// What to answer from a stream.
-pub struct AnswerRequest<'a> {
-    pub stream: &'a str,
-    pub questions: &'a [String],
-    /// A memory version instead of the latest (not with `deep`).
-    pub at: Option<u64>,
-    /// Read the stored chunks again with each question.
-    pub deep: bool,
-    /// Search the stored text with each question and answer from the memory and the
-    /// passages found; `None`: from the memory alone.
-    pub evidence: Option<(&'a Recall, Evidence)>,
-}
-
-/// The daemon's answers, one JSON object per question (as `/v1/query` gives them).
-pub fn daemon_answers(
-    client: &super::client::DaemonClient,
-    stream: &str,
-    questions: &[String],
-    at: Option<u64>,
-    deep: bool,
-    evidence: &Evidence,
-) -> Result<Vec<serde_json::Value>> {
+/// The daemon's answers to `query` (`/v1/query`), one per question.
+pub fn daemon_answers(client: &super::client::DaemonClient, query: &Query) -> Result<Vec<Answer>> {
+    let (k, tokens) = match query.mode {
+        Mode::Evidence { k, tokens } => (k, tokens),
+        _ => (PASSAGES_K, EVIDENCE_TOKENS),
+    };
     let mut body = json!({
-        "stream": stream, "at": at, "deep": deep,
-        "memory_only": evidence.memory_only,
-        "evidence_tokens": evidence.tokens,
-        "k": evidence.k,
+        "stream": query.stream, "at": query.at,
+        "deep": query.mode == Mode::Deep,
+        "memory_only": !query.mode.searches(),
+        "evidence_tokens": tokens,
+        "k": k,
     });
-    if let [question] = questions {
+    if let [question] = query.questions.as_slice() {
         body["question"] = json!(question);
-        return Ok(vec![client.post("/v1/query", &body)?]);
+        return Ok(vec![serde_json::from_value(
+            client.post("/v1/query", &body)?,
+        )?]);
     }
-    body["questions"] = json!(questions);
-    let reply = client.post("/v1/query", &body)?;
-    Ok(reply["answers"].as_array().cloned().unwrap_or_default())
+    body["questions"] = json!(query.questions);
+    let mut reply = client.post("/v1/query", &body)?;
+    Ok(serde_json::from_value(reply["answers"].take())?)
 }
 
-/// Answers from the store with `backend`'s model, one JSON object per question as the
-/// daemon's API gives them: from the general memory (beside the passages found for each
-/// question, with `evidence`), or with `deep` by reading the stored chunks again per
-/// question (the chains side by side; `on_deep_step` sees each step: question index,
-/// step, chunks in all).
+/// Answers `query` from its `plan` ([`Query::plan`]) with `backend`'s model;
+/// `on_deep_step` sees each step of a deep query's chains: question index, step, chunks
+/// in all.
 pub fn local_answers(
     store: &Store,
     backend: &ModelBackend,
     run: &LoopArgs,
-    request: &AnswerRequest<'_>,
+    query: &Query,
+    plan: Plan,
     on_deep_step: &mut dyn FnMut(usize, &StepOutcome, usize),
-) -> Result<Vec<serde_json::Value>> {
-    let stream = request.stream;
-    if let (false, Some((recall, evidence))) = (request.deep, &request.evidence) {
-        let memory = memory_or_none(store, stream, request.at)?;
-        let found = request
-            .questions
-            .iter()
-            .map(|q| memagent_store::search(store, recall, Some(&[stream]), q, evidence.k))
-            .collect::<memagent_store::Result<Vec<_>>>()?;
-        let answered = backend.with_agent(run, |agent| {
-            Ok(memagent_watcher::answer_with_evidence(
-                agent,
-                &memory,
-                request.questions,
-                found,
-                evidence.tokens,
-            )?)
-        })?;
-        return Ok(request
-            .questions
-            .iter()
-            .zip(&answered)
-            .map(|(q, (r, used))| {
-                memagent_watcher::evidence_answer_json(stream, memory.version, q, r, used)
-            })
-            .collect());
-    }
-    if !request.deep {
-        let memory = version_at(store, stream, request.at)?;
-        let questions: Vec<&str> = request.questions.iter().map(String::as_str).collect();
-        let reports = backend.with_agent(run, |agent| {
-            Ok(general_answers(agent, &memory, &questions)?)
-        })?;
-        return Ok(questions
-            .iter()
-            .zip(&reports)
-            .map(|(q, r)| memagent_watcher::answer_json(stream, memory.version, q, r))
-            .collect());
-    }
-    store.require(stream)?;
-    let (model, sha) = backend.identity()?;
-    let deep = backend.with_agent(run, |agent| {
-        let ingestor = Ingestor::new(store, agent, model, sha);
-        let queries: Vec<(&str, &str)> = request
-            .questions
-            .iter()
-            .map(|q| (stream, q.as_str()))
-            .collect();
-        Ok(ingestor.deep_many(&queries, on_deep_step)?)
-    })?;
-    Ok(request
-        .questions
-        .iter()
-        .zip(&deep)
-        .map(|(question, d)| {
-            tracing::info!(
-                "question chain {} ({question}): read {} new chunks, memory v{}",
-                d.chain,
-                d.steps,
-                d.version
-            );
-            memagent_watcher::deep_json(stream, question, d)
-        })
-        .collect())
-}
-
-/// The memory version to answer from beside the passages: as `version_at`, except that
-/// a stream the memory has not read yet answers from an empty memory (version 0), since
-/// its passages can already be found.
-fn memory_or_none(store: &Store, stream: &str, at: Option<u64>) -> Result<MemoryVersion> {
-    let record = store.require(stream)?;
-    if at.is_none() && store.latest(&record, GENERAL)?.is_none() {
-        return Ok(memagent_watcher::empty_memory());
-    }
-    version_at(store, stream, at)
-}
-
-/// The answer of one of `local_answers`' or the daemon's objects: the extracted answer
-/// of a deep query (the MemAgent protocol's boxed form), else the reply.
-pub fn answer_text(answer: &serde_json::Value) -> &str {
-    let key = match answer["deep"].as_bool() {
-        Some(true) => "extracted",
-        _ => "answer",
+) -> Result<Vec<Answer>> {
+    // Only a deep query commits memory versions, which record the model's identity.
+    let (model, sha) = match plan {
+        Plan::Deep => backend.identity()?,
+        _ => Default::default(),
     };
-    answer[key].as_str().unwrap_or_default()
+    backend.with_agent(run, |agent| {
+        let ingestor = Ingestor::new(store, agent, model, sha);
+        Ok(query.answer(plan, &ingestor, on_deep_step)?)
+    })
 }
 
 /// An answer's text, then a line for each passage it cites.
-fn cited_answer(answer: &serde_json::Value) -> String {
-    let passages = answer["passages"].as_array().map_or(&[][..], Vec::as_slice);
-    super::recall::with_citations(answer_text(answer), passages)
+fn cited_answer(answer: &Answer) -> String {
+    let passages = answer.passages.as_deref().unwrap_or_default();
+    super::recall::with_citations(answer.text(), passages)
 }
 
 /// One question's answer alone; several, each under its question.
@@ -421,9 +306,9 @@ fn print_answers(questions: &[String], answers: &[String]) -> Result<()> {
 }
 
 /// One question's JSON object alone; several as `{stream, answers: [..]}`, as the API.
-fn print_query_json(stream: &str, mut answers: Vec<serde_json::Value>) -> Result<()> {
-    if answers.len() == 1 {
-        return print_json(&answers.remove(0));
+fn print_query_json(stream: &str, answers: &[Answer]) -> Result<()> {
+    if let [answer] = answers {
+        return print_json(&serde_json::to_value(answer)?);
     }
     print_json(&json!({"stream": stream, "answers": answers}))
 }

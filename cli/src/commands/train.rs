@@ -13,16 +13,8 @@ use memagent_trainer::{
     TrainConfig, TrainModel,
 };
 
-use crate::cli::{TrainArgs, TrainCommand, TrainDataArgs, TrainDataOptions};
+use crate::cli::{TrainArgs, TrainDataArgs, TrainDataOptions};
 use crate::settings::Settings;
-
-pub fn run(global: &Settings, args: &TrainArgs) -> Result<()> {
-    match &args.command {
-        Some(TrainCommand::Data(data)) => print_data(global, data),
-        Some(TrainCommand::Sample(sample)) => super::train_sample::run(global, sample),
-        None => train(global, args),
-    }
-}
 
 fn data_config(o: &TrainDataOptions) -> DataConfig {
     DataConfig {
@@ -55,7 +47,7 @@ fn split_of(name: &str) -> Result<Split> {
     })
 }
 
-fn print_data(global: &Settings, args: &TrainDataArgs) -> Result<()> {
+pub fn print_data(global: &Settings, args: &TrainDataArgs) -> Result<()> {
     let model = global.model_path()?;
     let data = task_data(&model, &args.data)?;
     let split = split_of(&args.split)?;
@@ -110,7 +102,7 @@ fn print_data(global: &Settings, args: &TrainDataArgs) -> Result<()> {
     Ok(())
 }
 
-fn train(global: &Settings, args: &TrainArgs) -> Result<()> {
+pub fn train(global: &Settings, args: &TrainArgs) -> Result<()> {
     let a = &args.run;
     let model_path = global.model_path()?;
     let targets = a

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use memagent_engine::agent::{Profile, Writer};
+use memagent_agent::{Profile, Writer};
 use memagent_tasks::training::{trajectory, Mode, Split};
 use memagent_trainer::rejection::{read_groups, sample_once, Group, SampleConfig, Sampled};
 

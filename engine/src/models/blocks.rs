@@ -14,6 +14,7 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Shape};
 use half::f16;
 
 use super::kquants::{self, KFormat, Q8KRow, QK_K};
+use super::rows::{half_at, GROUP};
 
 const QK: usize = 32;
 /// Output rows per parallel work item.
@@ -237,10 +238,6 @@ fn quantize_block(xs: &[f32; QK], qs: &mut [i8; QK]) -> (f32, i32) {
     (d, sum)
 }
 
-pub(crate) fn half_at(bytes: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
-}
-
 /// Dot product of a weight row with a row of activations alone.
 #[cfg(test)]
 fn dot(format: Format, w: &[u8], x: &Q8_1Row) -> f32 {
@@ -265,17 +262,6 @@ pub(crate) fn dequantize(format: Format, bytes: &[u8], out: &mut [f32]) -> bool 
     }
     let _ = (format, bytes, out);
     false
-}
-
-/// Rows of activations sharing one pass over a weight row.
-pub(crate) const GROUP: usize = 4;
-
-/// `f` over `xs` and `out` in groups of up to [`GROUP`] rows.
-#[cfg_attr(not(x86_avx2), allow(dead_code))]
-pub(crate) fn in_groups<X>(xs: &[X], out: &mut [f32], mut f: impl FnMut(&[X], &mut [f32])) {
-    for (x, o) in xs.chunks(GROUP).zip(out.chunks_mut(GROUP)) {
-        f(x, o);
-    }
 }
 
 /// Dot products of one weight row with several rows of activations: the weights are read

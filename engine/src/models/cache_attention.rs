@@ -16,7 +16,7 @@
 
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape};
 
-use super::attention::softmax_in_place;
+use super::softmax::softmax_in_place;
 
 /// Depth block of the GEMM for an output of at most 64 x 64.
 const SMALL_VALUE_BLOCK: usize = 512;

@@ -50,28 +50,47 @@ enum Kernel {
     Portable,
 }
 
-/// This CPU's kernel (checked once). `MEMAGENT_INTEGER_KERNEL=avx2` or `portable` picks
-/// a slower one the CPU also runs, to measure what CPUs without AVX-512 VNNI get.
+/// The kernel chosen for this process: the fastest this CPU runs, unless a caller asked
+/// for another first ([`prefer_integer_kernel`]).
+#[cfg(target_arch = "x86_64")]
+static KERNEL: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+
+/// The fastest kernel this CPU runs, or with `preference` (`avx2`, `portable`) a slower
+/// one it also runs.
+#[cfg(target_arch = "x86_64")]
+fn detect(preference: Option<&str>) -> Kernel {
+    let vnni = is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vnni");
+    let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+    match preference {
+        Some("portable") => Kernel::Portable,
+        Some("avx2") if avx2 => Kernel::Avx2,
+        _ if vnni => Kernel::Vnni,
+        _ if avx2 => Kernel::Avx2,
+        _ => Kernel::Portable,
+    }
+}
+
+/// This CPU's kernel (chosen once).
 fn kernel() -> Kernel {
     #[cfg(target_arch = "x86_64")]
-    {
-        static KERNEL: std::sync::LazyLock<Kernel> = std::sync::LazyLock::new(|| {
-            let vnni = is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512bw")
-                && is_x86_feature_detected!("avx512vnni");
-            let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
-            match std::env::var("MEMAGENT_INTEGER_KERNEL").ok().as_deref() {
-                Some("portable") => Kernel::Portable,
-                Some("avx2") if avx2 => Kernel::Avx2,
-                _ if vnni => Kernel::Vnni,
-                _ if avx2 => Kernel::Avx2,
-                _ => Kernel::Portable,
-            }
-        });
-        *KERNEL
-    }
+    return *KERNEL.get_or_init(|| detect(None));
     #[cfg(not(target_arch = "x86_64"))]
     Kernel::Portable
+}
+
+/// Asks for a slower integer kernel than this CPU's best, to measure what CPUs without
+/// AVX-512 VNNI get: `avx2` (where the CPU has it) or `portable`. Takes effect only
+/// before the first product of the process; returns whether it did.
+pub fn prefer_integer_kernel(name: &str) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return KERNEL.set(detect(Some(name))).is_ok();
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = name;
+        false
+    }
 }
 
 /// Whether this CPU multiplies weights of `format` in integers at speed: every block
@@ -242,8 +261,8 @@ fn unpack_row(format: Format, row: &[u8], q: &mut [i8], scale: &mut [f32], min: 
         }
         Format::Q4_1 => {
             for (b, block) in row.chunks_exact(format.block_bytes()).enumerate() {
-                scale[b] = blocks::half_at(block, 0);
-                min[b] = blocks::half_at(block, 2);
+                scale[b] = super::rows::half_at(block, 0);
+                min[b] = super::rows::half_at(block, 2);
                 for l in 0..QK / 2 {
                     q[b * QK + l] = (block[4 + l] & 0x0F) as i8;
                     q[b * QK + QK / 2 + l] = (block[4 + l] >> 4) as i8;

@@ -7,7 +7,7 @@
 //! in the same order whatever the number of rows, so a row's result never depends on the
 //! rows beside it.
 
-use super::blocks::half_at;
+use super::rows::{half_at, in_groups};
 
 /// Values per super-block.
 pub(crate) const QK_K: usize = 256;
@@ -186,7 +186,7 @@ pub(crate) fn dot_scalar(format: KFormat, w: &[u8], x: &Q8KRow) -> f32 {
 /// summed exactly as it would be alone.
 pub(crate) fn dots(format: KFormat, w: &[u8], xs: &[&Q8KRow], out: &mut [f32]) {
     #[cfg(x86_avx2)]
-    super::blocks::in_groups(xs, out, |x, o| {
+    in_groups(xs, out, |x, o| {
         // SAFETY: the features are compiled in; `w` holds whole blocks and every row of
         // `x` as many super-blocks (checked by the caller's shapes).
         unsafe {

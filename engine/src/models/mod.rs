@@ -16,11 +16,15 @@ mod phi3;
 mod pool;
 mod qwen2;
 mod qwen3;
+mod rows;
 mod rowwise;
+mod softmax;
 mod transformer;
 
 pub use dense::{gemm_n, gemm_t, matmul_t};
-pub use int_gemm::{integer_prefill_kernel, integer_products_fast, IntegerWeight};
+pub use int_gemm::{
+    integer_prefill_kernel, integer_products_fast, prefer_integer_kernel, IntegerWeight,
+};
 pub use linear::{integer_prefill_types, PrefillWeights, WeightPlan};
 pub use pool::for_chunks;
 pub use transformer::{rope_tables, KvCache, Transformer};

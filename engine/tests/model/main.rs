@@ -1,11 +1,7 @@
 //! Tests of the local engine on the real default model (fetched by `scripts/test`) and on
 //! tiny GGUF files written by the tests themselves.
 
-mod adapter;
-mod batch;
 mod conformance;
 mod generation;
 mod loader;
-mod prefix;
-mod speculative;
 mod support;

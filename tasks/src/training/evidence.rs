@@ -14,7 +14,7 @@
 //!
 //! Half the examples ask a passage that answers, when the draw has one.
 
-use memagent_engine::agent::PASSAGE_ANSWER;
+use memagent_agent::PASSAGE_ANSWER;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::Rng;

@@ -1,7 +1,7 @@
 //! The loop on the real default model: a needle in the third of five chunks is carried
 //! in memory and answered.
 
-use memagent_engine::agent::{chunk_text, MemoryAgent, Profile, Progress};
+use memagent_agent::{chunk_text, MemoryAgent, Profile, Progress};
 use memagent_tasks::{single_needle, Haystack};
 
 use crate::support;

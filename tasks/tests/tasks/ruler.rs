@@ -1,7 +1,7 @@
 //! RULER-style task generation on the real tokenizer: deterministic per seed, inserts
 //! where they say, lengths within 2% of what was asked.
 
-use memagent_engine::agent::TextTokenizer;
+use memagent_agent::TextTokenizer;
 use memagent_engine::Tokenizer;
 use memagent_tasks::{generate, Haystack, QaItem, Sources, Task, ALL_TASKS};
 

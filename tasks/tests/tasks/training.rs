@@ -2,7 +2,7 @@
 //! within the cap, planted relevant facts kept from their chunk on, distractors never in
 //! memory, and validation patterns absent from the training split.
 
-use memagent_engine::agent::Writer;
+use memagent_agent::Writer;
 use memagent_engine::{GgufFile, Tokenizer};
 use memagent_tasks::training::{
     example, patterns, trajectory, DataConfig, Fillers, Mode, Split, EVIDENCE_FAMILIES,

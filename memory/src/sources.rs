@@ -4,14 +4,15 @@
 
 use std::collections::{HashMap, HashSet};
 
-use memagent_engine::agent::hygiene::line_key;
+use memagent_agent::hygiene::line_key;
 use memagent_recall::passages::focus;
 use memagent_recall::Recall;
 use serde::Serialize;
 
-use crate::records::{MemoryVersion, StreamRecord, GENERAL};
+use memagent_store::{MemoryVersion, Store, StreamRecord, GENERAL};
+
 use crate::search::{search, Evidence};
-use crate::{Result, Store};
+use crate::Result;
 
 /// Passages searched for a line before keeping the best that lies in its chunk.
 const CANDIDATES: usize = 64;

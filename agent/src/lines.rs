@@ -236,7 +236,7 @@ pub fn render(lines: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::GENERAL_LINES;
+    use crate::GENERAL_LINES;
 
     fn strings(lines: &[&str]) -> Vec<String> {
         lines.iter().map(|s| s.to_string()).collect()

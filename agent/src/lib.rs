@@ -1,12 +1,28 @@
 //! The memory agent (MemAgent): read a document chunk by chunk, rewrite a bounded memory
 //! after each chunk, answer from the memory alone.
 //!
-//! The loop is independent of where tokens come from: a [`Backend`] answers one user
-//! message, a [`TextTokenizer`] cuts the document. Each step is exposed on its own
-//! ([`MemoryAgent::update`], [`MemoryAgent::answer`]) so that callers which persist
-//! memories between steps can drive it chunk by chunk.
+//! It owns the loop and its protocol: chunking, the templates (byte-exact for the
+//! published checkpoints), focus, hygiene, the line writer, and which answers an
+//! adapter was trained for. The loop is independent of where tokens come from: a
+//! [`Backend`] answers one user message (the local engine, or an OpenAI-compatible
+//! server through [`OpenAiBackend`]), a [`TextTokenizer`] cuts the document. Each step
+//! is exposed on its own ([`MemoryAgent::update`], [`MemoryAgent::answer`]) so that
+//! callers which persist memories between steps can drive it chunk by chunk. It never
+//! stores anything and never prints.
+//!
+//! ```no_run
+//! use memagent_agent::{MemoryAgent, Profile};
+//! use memagent_engine::{LoadOptions, LocalModel};
+//!
+//! let model = LocalModel::load("models/SmolLM2-135M-Instruct.Q4_1.gguf".as_ref(), &LoadOptions::default())?;
+//! let agent = MemoryAgent::new(&model, model.tokenizer(), Profile::for_model(model.name(), Some(model.parameters())));
+//! let run = agent.run("Ada prefers tea. Ravi lives in Graz.", "Where does Ravi live?", &mut |_| {})?;
+//! println!("{}", run.final_answer.answer);
+//! # Ok::<(), memagent_agent::Error>(())
+//! ```
 
 mod backend;
+mod error;
 pub mod focus;
 pub mod hygiene;
 pub mod lines;
@@ -17,11 +33,11 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::error::{Error, Result};
-use crate::model::{DecodeStats, GenerateOptions, StopReason, DEFAULT_DRAFT_TOKENS};
-use crate::sampling::SamplingParams;
+use memagent_engine::SamplingParams;
+use memagent_engine::{DecodeStats, GenerateOptions, StopReason, DEFAULT_DRAFT_TOKENS};
 
 pub use backend::{Backend, Completion, TextTokenizer, Timings};
+pub use error::{Error, Result};
 pub use protocol::{
     extract_answer, memory_text, FinalForm, Template, DIRECT_BOXED, DIRECT_EVAL, FINAL_BOXED,
     FINAL_EVAL, GENERAL_ANSWER, GENERAL_COMPACT, GENERAL_LINES, GENERAL_UPDATE, NO_MEMORY,
@@ -265,6 +281,23 @@ pub struct MemoryAgent<'a> {
     pub reading: Reading,
 }
 
+/// Whether an adapter learned the answers of `template`. `memctl train` teaches every
+/// memory step and the memory-only final answers ([`FINAL_BOXED`] in question mode,
+/// [`GENERAL_ANSWER`] in general mode), and answers from passages ([`PASSAGE_ANSWER`])
+/// when its data had an evidence share; never direct answers, the other final form or
+/// chats. Answers of the other templates, and chats, run with the base model.
+pub fn trained_for(manifest: &memagent_engine::AdapterManifest, template: Template) -> bool {
+    if template.id == PASSAGE_ANSWER.id {
+        return manifest.evidence_share().is_some_and(|s| s > 0.0);
+    }
+    [FINAL_BOXED.id, GENERAL_ANSWER.id].contains(&template.id)
+}
+
+/// The memory writer the model's adapter was trained to write with, when it says.
+pub fn adapter_writer(model: &memagent_engine::LocalModel) -> Option<Writer> {
+    model.adapter_manifest()?.writer()?.parse().ok()
+}
+
 /// Default span of [`MemoryAgent::repeat_guard`], in tokens.
 pub const REPEAT_GUARD_TOKENS: usize = 16;
 
@@ -314,7 +347,11 @@ impl<'a> MemoryAgent<'a> {
     /// The model's reply to a conversation, up to `max_tokens` tokens, with the loop's
     /// sampling and repetition stops (memagent's proxy answers so without an upstream).
     /// The base model answers: an adapter learned memory steps, not conversations.
-    pub fn chat(&self, messages: &[crate::chat::Message], max_tokens: usize) -> Result<Completion> {
+    pub fn chat(
+        &self,
+        messages: &[memagent_engine::Message],
+        max_tokens: usize,
+    ) -> Result<Completion> {
         let options = GenerateOptions {
             adapter: false,
             ..self.options(max_tokens)

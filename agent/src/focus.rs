@@ -14,7 +14,7 @@
 
 use std::collections::HashSet;
 
-use crate::words::{keys, names, sentences};
+use memagent_engine::words::{keys, names, sentences};
 
 /// What a focused reader follows through a document: the question's words and the
 /// distinctive words of the sentences kept so far.

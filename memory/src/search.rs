@@ -4,16 +4,17 @@
 
 use std::cell::RefCell;
 
-use memagent_engine::agent::TextTokenizer;
+use memagent_agent::TextTokenizer;
 use memagent_recall::passages::{focus, lowercase_names, mentions, names, shares_words};
 use memagent_recall::{Hit, LogSource, Origin, Recall, SearchRequest, SyncReport};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::records::{SegmentRecord, StreamRecord, GENERAL};
-use crate::{Error, Result, Store};
+use memagent_store::{SegmentRecord, Store, StreamRecord};
+
+use crate::{Error, Result};
 
 /// A passage found for a question, with the memory version that first read it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Evidence {
     #[serde(flatten)]
     pub hit: Hit,
@@ -21,10 +22,10 @@ pub struct Evidence {
     /// while the memory has not read it yet.
     pub version: Option<u64>,
     /// In an answer: what the model answered from this passage alone.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub said: Option<String>,
     /// In an answer: whether the answer is drawn from this passage.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cited: bool,
 }
 
@@ -96,7 +97,7 @@ pub fn sync_stream(
         read: &read,
         origin: &origin,
     };
-    recall.sync(&log, on_progress).map_err(recall_error)
+    recall.sync(&log, on_progress).map_err(Error::from)
 }
 
 /// Brings the index up to date with every stream, and drops the passages of streams
@@ -105,7 +106,7 @@ pub fn sync_all(store: &Store, recall: &Recall) -> Result<Vec<(String, SyncRepor
     let streams = store.streams()?;
     for id in recall.stream_ids() {
         if !streams.iter().any(|s| s.id == id) {
-            recall.reset(Some(id)).map_err(recall_error)?;
+            recall.reset(Some(id)).map_err(Error::from)?;
         }
     }
     let mut out = Vec::new();
@@ -137,7 +138,7 @@ pub fn search(
         Some(names) => names
             .iter()
             .map(|n| store.require(n))
-            .collect::<Result<Vec<_>>>()?,
+            .collect::<memagent_store::Result<Vec<_>>>()?,
         None => store.streams()?,
     };
     let ids: Vec<u64> = records.iter().map(|s| s.id).collect();
@@ -147,7 +148,7 @@ pub fn search(
             streams: streams.map(|_| ids.as_slice()),
             k,
         })
-        .map_err(recall_error)?;
+        .map_err(Error::from)?;
     hits.into_iter()
         .map(|hit| {
             let version = match records.iter().find(|s| s.id == hit.stream_id) {
@@ -157,35 +158,6 @@ pub fn search(
             Ok(Evidence::found(hit, version))
         })
         .collect()
-}
-
-impl Store {
-    /// The general memory version whose step read byte `offset` of the stream's log.
-    pub fn version_reading(&self, stream: &StreamRecord, offset: u64) -> Result<Option<u64>> {
-        let cursor = self.cursor(stream, GENERAL)?;
-        if offset >= cursor.offset {
-            return Ok(None);
-        }
-        // The chunk holding the offset: chunks are consecutive byte ranges.
-        let (mut lo, mut hi) = (0, cursor.next_chunk);
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            match self.chunk(stream, mid)? {
-                Some(c) if c.end <= offset => lo = mid + 1,
-                _ => hi = mid,
-            }
-        }
-        for v in self.versions_from(stream, GENERAL, lo + 1)? {
-            if v.chunk == Some(lo) {
-                return Ok(Some(v.version));
-            }
-        }
-        Ok(None)
-    }
-}
-
-fn recall_error(e: memagent_recall::Error) -> Error {
-    Error::Recall(e.to_string())
 }
 
 /// Tokens of evidence an answer prompt holds by default: with the small profile's 256
@@ -254,10 +226,7 @@ pub fn evidence_passages(
             continue;
         }
         let tokens = |text: &str| -> Result<usize> {
-            Ok(tokenizer
-                .encode(text)
-                .map_err(|e| Error::Engine(e.to_string()))?
-                .len())
+            Ok(tokenizer.encode(text).map_err(Error::from)?.len())
         };
         let cost = tokens(&text)?;
         let within = chosen
@@ -307,10 +276,10 @@ mod tests {
     struct Words;
 
     impl TextTokenizer for Words {
-        fn encode(&self, text: &str) -> memagent_engine::Result<Vec<u32>> {
+        fn encode(&self, text: &str) -> memagent_agent::Result<Vec<u32>> {
             Ok(text.split_whitespace().map(|_| 0).collect())
         }
-        fn decode(&self, _: &[u32]) -> memagent_engine::Result<String> {
+        fn decode(&self, _: &[u32]) -> memagent_agent::Result<String> {
             Ok(String::new())
         }
     }

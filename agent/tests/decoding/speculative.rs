@@ -2,12 +2,12 @@
 //! decoding on the real default model, with drafts from the prompt, with drafts that
 //! are all wrong and with drafts that are all right.
 
-use memagent_engine::agent::{GENERAL_UPDATE, NO_MEMORY, UPDATE};
+use memagent_agent::{GENERAL_UPDATE, NO_MEMORY, UPDATE};
 use memagent_engine::{GenerateOptions, Generation, Message};
 
 use crate::support::model;
 
-const FILLER: &str = include_str!("../data/filler.txt");
+const FILLER: &str = include_str!("../../../engine/tests/data/filler.txt");
 
 fn plain(max_new_tokens: usize) -> GenerateOptions {
     GenerateOptions {

@@ -5,5 +5,5 @@ mod errors;
 mod protocol;
 mod remote;
 #[allow(dead_code)]
-#[path = "../model/support.rs"]
+#[path = "../../../engine/tests/model/support.rs"]
 mod support;

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::backend::{Backend, Completion, TextTokenizer, Timings};
 use crate::error::{Error, Result};
-use crate::model::{GenerateOptions, StopReason};
+use memagent_engine::{GenerateOptions, StopReason};
 
 /// How to reach the server.
 #[derive(Debug, Clone)]
@@ -396,7 +396,7 @@ impl LoopStop {
             let id = *self.ids.entry(delta.to_string()).or_insert(next);
             self.events.push(id);
             self.starts.push(before);
-            if let Some(keep) = crate::model::repeated_tail(&self.events, span) {
+            if let Some(keep) = memagent_engine::repeated_tail(&self.events, span) {
                 self.text.truncate(self.starts[keep]);
                 return true;
             }

@@ -7,20 +7,9 @@
 //! lines is replaced by the previous one. A well-formed memory passes byte for byte, so a
 //! good model's output is never altered.
 
-use super::protocol::Template;
+pub use memagent_engine::words::{line_key, repeated_last_line};
 
-/// The comparable form of a memory line: without list numbering or bullets, trimmed.
-pub fn line_key(line: &str) -> &str {
-    let mut s = line.trim();
-    // "12. ", "3) ", "- ", "* ", "• "
-    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
-    if digits > 0 && s[digits..].starts_with(['.', ')', ':']) {
-        s = &s[digits + 1..];
-    } else if s.starts_with(['-', '*', '•']) {
-        s = &s[s.chars().next().map_or(0, char::len_utf8)..];
-    }
-    s.trim()
-}
+use super::protocol::Template;
 
 /// `memory` with every line whose key already appeared dropped (blank lines are kept),
 /// and how many were dropped. Returns the input unchanged when nothing repeats.
@@ -218,7 +207,7 @@ fn names_anything(line: &str) -> bool {
             _ => {}
         }
     }
-    let found = super::focus::distinctive(&outside, &crate::words::names(&outside))
+    let found = super::focus::distinctive(&outside, &memagent_engine::words::names(&outside))
         .next()
         .is_some();
     found
@@ -332,25 +321,10 @@ pub fn clean(memory: &str, previous: &str, template: Template) -> (String, Optio
     (memory, (!notes.is_empty()).then(|| notes.join("; ")))
 }
 
-/// When the line just completed in `text` (it ends with a newline) repeats an earlier
-/// line, the byte length to keep (up to the start of that line).
-pub fn repeated_last_line(text: &str) -> Option<usize> {
-    let body = text.strip_suffix('\n')?;
-    let start = body.rfind('\n').map_or(0, |i| i + 1);
-    let key = line_key(&body[start..]);
-    if key.is_empty() || start == 0 {
-        return None;
-    }
-    body[..start]
-        .split('\n')
-        .any(|l| line_key(l) == key)
-        .then_some(start)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::{GENERAL_UPDATE, UPDATE};
+    use crate::{GENERAL_UPDATE, UPDATE};
 
     #[test]
     fn numbered_repeats_collapse_to_one_line() {

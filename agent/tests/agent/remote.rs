@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use memagent_engine::agent::{
+use memagent_agent::{
     chunk_text, MemoryAgent, OpenAiBackend, Profile, RemoteOptions, RemoteTokenizer, TextTokenizer,
     FINAL_BOXED, NO_MEMORY, UPDATE,
 };
@@ -545,8 +545,7 @@ fn a_finished_stream_keeps_usage_timings_and_the_finish_reason() {
         stop_on_repeated_line: true,
         ..Default::default()
     };
-    let reply =
-        memagent_engine::agent::Backend::complete(&backend, "Who keeps bees?", &options).unwrap();
+    let reply = memagent_agent::Backend::complete(&backend, "Who keeps bees?", &options).unwrap();
     assert_eq!(reply.text, "Ada keeps bees.");
     assert_eq!(reply.stop_reason, memagent_engine::StopReason::MaxTokens);
     assert_eq!((reply.prompt_tokens, reply.completion_tokens), (321, 4));
@@ -601,14 +600,14 @@ fn a_batch_of_steps_is_sent_at_once_and_each_reply_lands_on_its_step() {
     let backend = OpenAiBackend::new(options).unwrap();
     let tokenizer = tokenizer();
     let agent = MemoryAgent::new(&backend, &tokenizer, Profile::SMALL);
-    let chunks: Vec<memagent_engine::agent::Chunk> = ["alpha", "beta", "gamma"]
+    let chunks: Vec<memagent_agent::Chunk> = ["alpha", "beta", "gamma"]
         .iter()
-        .map(|w| memagent_engine::agent::Chunk {
+        .map(|w| memagent_agent::Chunk {
             text: format!("{w} is the word of this section."),
             tokens: 8,
         })
         .collect();
-    let steps: Vec<(&str, &str, &memagent_engine::agent::Chunk)> = chunks
+    let steps: Vec<(&str, &str, &memagent_agent::Chunk)> = chunks
         .iter()
         .map(|c| ("Which words appear?", NO_MEMORY, c))
         .collect();

@@ -1,18 +1,19 @@
 //! Feeding a stream's pending content through the memory loop, one committed step at a
-//! time, and answering from the stored memory.
+//! time (the store's commit 2), deep queries' own chains, and answers from the memory.
 
 use std::time::Instant;
 
-use memagent_engine::agent::{
+use memagent_agent::{
     AnswerReport, Chunk, MemoryAgent, Template, Writer, GENERAL_LINES, NO_MEMORY, UPDATE,
 };
 use memagent_recall::Embedder;
 use sha2::{Digest, Sha256};
 
-use crate::records::{Author, ChunkRecord, Cursor, MemoryVersion, StreamRecord, GENERAL};
-use crate::{now, Error, Result, Store};
+use memagent_store::{Author, ChunkRecord, Cursor, MemoryVersion, Store, StreamRecord, GENERAL};
 
-pub use memagent_engine::agent::{GENERAL_ANSWER, GENERAL_UPDATE};
+use crate::{now, Error, Result};
+
+pub use memagent_agent::{GENERAL_ANSWER, GENERAL_UPDATE};
 
 /// Tokens decoded past the chunk's end before a window that stops short of the log's end
 /// is trusted.
@@ -68,6 +69,11 @@ impl<'a> Ingestor<'a> {
         }
     }
 
+    /// The agent whose model reads and answers.
+    pub fn agent(&self) -> &'a MemoryAgent<'a> {
+        self.agent
+    }
+
     /// Writes the general memory with `writer`; the line writer compares lines with
     /// `embedder`'s sentence vectors when given (words alone otherwise).
     pub fn with_writer(mut self, writer: Writer, embedder: Option<&'a Embedder>) -> Self {
@@ -107,7 +113,7 @@ impl<'a> Ingestor<'a> {
                     })
                 }
             };
-            let ids = tokenizer.encode(text).map_err(engine_error)?;
+            let ids = tokenizer.encode(text).map_err(Error::from)?;
             let whole = end == stream.log_len;
             // A window may end inside a word, which changes its last tokens: keep a margin
             // of whole tokens beyond the chunk unless the window reaches the log's end.
@@ -119,7 +125,7 @@ impl<'a> Ingestor<'a> {
             // multi-byte character does not).
             let mut take = ids.len().min(c);
             let piece = loop {
-                let piece = tokenizer.decode(&ids[..take]).map_err(engine_error)?;
+                let piece = tokenizer.decode(&ids[..take]).map_err(Error::from)?;
                 if text.starts_with(&piece) && (take == ids.len() || !piece.is_empty()) {
                     break piece;
                 }
@@ -220,11 +226,11 @@ impl<'a> Ingestor<'a> {
             .zip(&chunks)
             .map(|((_, r), chunk)| ("", r.previous.as_str(), chunk))
             .collect();
-        let embed = |texts: &[&str]| -> memagent_engine::Result<Vec<Vec<f32>>> {
+        let embed = |texts: &[&str]| -> memagent_agent::Result<Vec<Vec<f32>>> {
             let embedder = self.embedder.expect("called only with an embedder");
             embedder
                 .embed(texts)
-                .map_err(|e| memagent_engine::Error::InvalidRequest(format!("embedder: {e}")))
+                .map_err(|e| memagent_agent::Error::InvalidRequest(format!("embedder: {e}")))
         };
         let (template, result) = match self.writer {
             Writer::Rewrite => (
@@ -235,7 +241,7 @@ impl<'a> Ingestor<'a> {
                 let steps: Vec<(&str, &Chunk)> = inputs.iter().map(|(_, m, c)| (*m, *c)).collect();
                 let embed = self
                     .embedder
-                    .map(|_| &embed as memagent_engine::agent::lines::Embed<'_>);
+                    .map(|_| &embed as memagent_agent::lines::Embed<'_>);
                 (GENERAL_LINES, self.agent.update_lines_many(&steps, embed))
             }
         };
@@ -244,7 +250,7 @@ impl<'a> Ingestor<'a> {
             Err(e) => {
                 let message = e.to_string();
                 for (i, _) in &ready {
-                    outcomes[*i] = Err(Error::Engine(message.clone()));
+                    outcomes[*i] = Err(Error::Model(message.clone()));
                 }
                 return outcomes;
             }
@@ -273,7 +279,8 @@ impl<'a> Ingestor<'a> {
                         chunk: r.chunk.clone(),
                         version,
                     })
-                });
+                })
+                .map_err(Error::from);
         }
         outcomes
     }
@@ -377,7 +384,7 @@ impl Ingestor<'_> {
             let reports = self
                 .agent
                 .update_many(UPDATE, &inputs)
-                .map_err(engine_error)?;
+                .map_err(Error::from)?;
             let alone = ready.len() == 1;
             for ((k, chunk, _), report) in ready.into_iter().zip(reports) {
                 // Alone, the step's whole time; in a batch, its own prefill and decoding.
@@ -405,7 +412,7 @@ impl Ingestor<'_> {
             .iter()
             .map(|c| (c.question.as_str(), c.memory.as_str()))
             .collect();
-        let answers = self.agent.answer_many(None, &items).map_err(engine_error)?;
+        let answers = self.agent.answer_many(None, &items).map_err(Error::from)?;
         let answers: Vec<DeepAnswer> = chains
             .iter()
             .zip(answers)
@@ -423,7 +430,7 @@ impl Ingestor<'_> {
         &self,
         cursor: &Cursor,
         chunk: &ChunkRecord,
-        report: &memagent_engine::agent::StepReport,
+        report: &memagent_agent::StepReport,
         template: Template,
         seconds: f64,
     ) -> MemoryVersion {
@@ -459,16 +466,6 @@ pub struct DeepAnswer {
     pub answer: AnswerReport,
 }
 
-/// Answers `question` from a stored memory with the general answer template.
-pub fn general_answer(
-    agent: &MemoryAgent<'_>,
-    memory: &MemoryVersion,
-    question: &str,
-) -> Result<AnswerReport> {
-    let mut answers = general_answers(agent, memory, &[question])?;
-    Ok(answers.pop().expect("one answer per question"))
-}
-
 /// Answers several questions from one stored memory, decoded as one batch.
 pub fn general_answers(
     agent: &MemoryAgent<'_>,
@@ -481,9 +478,5 @@ pub fn general_answers(
         .collect();
     agent
         .answer_many(Some(GENERAL_ANSWER), &items)
-        .map_err(engine_error)
-}
-
-fn engine_error(e: memagent_engine::Error) -> Error {
-    Error::Engine(e.to_string())
+        .map_err(Error::from)
 }

@@ -1,13 +1,13 @@
 //! The prefix cache on the real default model: prompts of the memory loop share the
 //! template's head; reusing its keys and values gives the logits of a full prefill.
 
-use memagent_engine::agent::{NO_MEMORY, UPDATE};
+use memagent_agent::{NO_MEMORY, UPDATE};
 use memagent_engine::prefix::{MAX_ENTRIES, MAX_ENTRY_TOKENS, MIN_SHARED_TOKENS};
 use memagent_engine::{GenerateOptions, LoadOptions, LocalModel, Message};
 
 use crate::support::model_path;
 
-const FILLER: &str = include_str!("../data/filler.txt");
+const FILLER: &str = include_str!("../../../engine/tests/data/filler.txt");
 
 /// A model of its own: the cache's contents are part of what is tested.
 fn fresh_model() -> LocalModel {

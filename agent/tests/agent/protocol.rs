@@ -1,7 +1,7 @@
 //! The MemAgent templates are a protocol: the engine must produce them byte for byte.
 //! The expected texts and their sha256 (from the protocol's README) are test data here.
 
-use memagent_engine::agent::{Template, FINAL_BOXED, FINAL_EVAL, NO_MEMORY, UPDATE};
+use memagent_agent::{Template, FINAL_BOXED, FINAL_EVAL, NO_MEMORY, UPDATE};
 use sha2::{Digest, Sha256};
 
 const EXPECTED_UPDATE: &str = include_str!("../data/memagent-protocol/update.txt");

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use memagent_engine::agent::{GENERAL_LINES, NO_MEMORY};
+use memagent_agent::{GENERAL_LINES, NO_MEMORY};
 use memagent_engine::AdapterChoice;
 use memagent_engine::{GenerateOptions, LoadOptions, LocalModel, Message};
 

@@ -6,10 +6,10 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::chat::Message;
 use crate::error::Result;
-use crate::model::{DecodeStats, GenerateOptions, LocalModel, StopReason};
-use crate::tokenizer::Tokenizer;
+use memagent_engine::Message;
+use memagent_engine::Tokenizer;
+use memagent_engine::{DecodeStats, GenerateOptions, LocalModel, StopReason};
 
 /// One reply of a backend, with its cost.
 #[derive(Debug, Clone, Serialize)]
@@ -87,10 +87,10 @@ pub trait TextTokenizer {
 
 impl TextTokenizer for Tokenizer {
     fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        Tokenizer::encode(self, text, false)
+        Ok(Tokenizer::encode(self, text, false)?)
     }
     fn decode(&self, ids: &[u32]) -> Result<String> {
-        Tokenizer::decode(self, ids)
+        Ok(Tokenizer::decode(self, ids)?)
     }
 }
 
@@ -110,7 +110,8 @@ impl Backend for LocalModel {
     }
 
     fn adapter_answers(&self, template: super::Template) -> bool {
-        LocalModel::adapter_answers(self, template)
+        self.adapter_manifest()
+            .is_some_and(|m| super::trained_for(m, template))
     }
 
     fn complete(&self, user_message: &str, options: &GenerateOptions) -> Result<Completion> {
@@ -136,7 +137,7 @@ impl Backend for LocalModel {
         let prompts = user_messages
             .iter()
             .map(|m| self.chat_prompt_ids(&[Message::user(m)]))
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<memagent_engine::Result<Vec<_>>>()?;
         let refs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
         let replies = self.generate_batch(&refs, options)?;
         Ok(replies
@@ -150,7 +151,7 @@ impl Backend for LocalModel {
     }
 }
 
-fn local_completion(reply: crate::model::Generation, seconds: f64) -> Completion {
+fn local_completion(reply: memagent_engine::Generation, seconds: f64) -> Completion {
     Completion {
         text: reply.text,
         prompt_tokens: reply.prompt_tokens,

@@ -1,12 +1,12 @@
 //! Batched decoding: sequences of different lengths decoded together get exactly the
 //! tokens each gets alone, whether they draft, sample or stop at different times.
 
-use memagent_engine::agent::{GENERAL_UPDATE, NO_MEMORY, UPDATE};
+use memagent_agent::{GENERAL_UPDATE, NO_MEMORY, UPDATE};
 use memagent_engine::{GenerateOptions, Message, SamplingParams};
 
 use crate::support::model;
 
-const FILLER: &str = include_str!("../data/filler.txt");
+const FILLER: &str = include_str!("../../../engine/tests/data/filler.txt");
 
 /// Update prompts of quite different lengths (a short chat, a paragraph, a long section
 /// with a long memory) and one that ends quickly.

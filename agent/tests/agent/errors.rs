@@ -1,7 +1,7 @@
 //! Bad requests on the real default model: each gets a clear result or error, never a
 //! panic.
 
-use memagent_engine::agent::{MemoryAgent, Profile, Progress};
+use memagent_agent::{MemoryAgent, Profile, Progress};
 
 use crate::support;
 
