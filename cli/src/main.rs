@@ -2,6 +2,7 @@
 
 mod cli;
 mod commands;
+mod harness;
 mod logging;
 mod settings;
 
@@ -27,7 +28,13 @@ fn main() -> ExitCode {
         cli::Command::Daemon(cli::DaemonCommand::Run(_))
     );
     logging::init(cli.global.verbose, cli.global.quiet, daemon);
-    match commands::run(cli) {
+    let settings = settings::Settings::resolve(cli.global);
+    let ran = match cli.command {
+        cli::Command::Bench(command) => harness::bench(&settings, command),
+        cli::Command::Train(args) => harness::train(&settings, &args),
+        command => commands::run(&settings, command),
+    };
+    match ran {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             if commands::is_broken_pipe(&err) {

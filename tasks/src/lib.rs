@@ -29,9 +29,8 @@ pub use error::{Error, Result};
 pub use haystack::Haystack;
 pub use needle::{single_needle, NeedleSample};
 pub use ruler::{
-    CITIES,
     compose, exact_match, f1, generate, generate_split, normalize, recall_all, score, sub_em,
-    Insert, QaItem, RulerSample, Score, Scoring, Sources, Task, ALL_TASKS,
+    Insert, QaItem, RulerSample, Score, Scoring, Sources, Task, ALL_TASKS, CITIES,
 };
 pub use sessions::{
     session_chat, session_correct, Message as SessionMessage, QuestionKind, SessionQuestion,

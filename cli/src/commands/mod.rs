@@ -1,21 +1,15 @@
 //! One module per command; each calls the libraries and owns its output.
 
 mod ask;
-mod bench;
-mod client;
+pub(crate) mod client;
 mod daemon;
-mod db;
+pub(crate) mod db;
 mod generate;
-mod loop_bench;
 mod mcp;
 mod model;
-mod recall;
-mod ruler;
-mod sessions;
-mod streams;
+pub(crate) mod recall;
+pub(crate) mod streams;
 mod tokenize;
-mod train;
-mod train_sample;
 mod watch;
 
 use std::io::Write;
@@ -31,16 +25,15 @@ use memagent_engine::{
 };
 
 use crate::cli::{
-    BackendArgs, BackendKind, BenchCommand, Cli, Command, DaemonCommand, LoopArgs, ModelCommand,
-    ProfileArgs, SamplingArgs, TrainCommand,
+    BackendArgs, BackendKind, Command, DaemonCommand, LoopArgs, ModelCommand, ProfileArgs,
+    SamplingArgs,
 };
 use crate::settings;
 use crate::settings::Settings;
 
-pub fn run(cli: Cli) -> Result<()> {
-    let settings = Settings::resolve(cli.global);
-    let global = &settings;
-    match cli.command {
+/// Runs a user-facing command (`bench` and `train` are [`crate::harness`]'s).
+pub fn run(global: &Settings, command: Command) -> Result<()> {
+    match command {
         Command::Ask(args) => ask::run(global, &args),
         Command::Ingest(args) => streams::ingest(global, &args),
         Command::Query(args) => streams::query(global, &args),
@@ -59,20 +52,9 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Model(ModelCommand::Info { json }) => model::info(global, json),
         Command::Model(ModelCommand::Export(args)) => model::export(global, &args),
         Command::Tokenize(args) => tokenize::run(global, &args),
-        Command::Bench(BenchCommand::Engine(args)) => bench::engine(global, &args),
-        Command::Bench(BenchCommand::Sessions(args)) => sessions::run(global, &args),
-        Command::Bench(BenchCommand::Recall(args)) => recall::bench(global, &args),
-        Command::Bench(BenchCommand::Needle(args)) => bench::needle(global, &args),
-        Command::Bench(BenchCommand::Store(args)) => bench::store(global, &args),
-        Command::Bench(BenchCommand::Daemon(args)) => bench::daemon(global, &args),
-        Command::Bench(BenchCommand::Ruler(args)) => ruler::run(global, &args),
-        Command::Bench(BenchCommand::Loop(args)) => loop_bench::run(global, &args),
-        Command::Bench(BenchCommand::Proxy(args)) => bench::proxy(global, &args),
-        Command::Train(args) => match &args.command {
-            Some(TrainCommand::Data(data)) => train::print_data(global, data),
-            Some(TrainCommand::Sample(sample)) => train_sample::run(global, sample),
-            None => train::train(global, &args),
-        },
+        Command::Bench(_) | Command::Train(_) => {
+            unreachable!("main sends bench and train to the harness")
+        }
         Command::Mcp(args) => mcp::run(global, &args),
         Command::Answers { stream, json } => streams::answers(global, &stream, json),
     }
@@ -105,7 +87,7 @@ pub(crate) fn prefill_weights() -> Result<PrefillWeights> {
 }
 
 /// Loads the model the settings point at, on the chosen device.
-fn load_model(global: &Settings) -> Result<LocalModel> {
+pub(crate) fn load_model(global: &Settings) -> Result<LocalModel> {
     let path = global.model_path()?;
     let options = LoadOptions {
         device: open_device(&global.device)?,

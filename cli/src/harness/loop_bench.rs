@@ -59,7 +59,7 @@ pub fn run(global: &Settings, args: &BenchLoopArgs) -> Result<()> {
              the same model"
         ),
     };
-    let model = super::load_model(global)?;
+    let model = crate::commands::load_model(global)?;
     let haystack = super::bench::haystack(args.haystack.as_deref())?;
     let samples = (0..args.documents)
         .map(|i| {
@@ -156,7 +156,7 @@ pub fn run(global: &Settings, args: &BenchLoopArgs) -> Result<()> {
         }
     }
     if args.json {
-        return super::print_json(&serde_json::json!({
+        return crate::commands::print_json(&serde_json::json!({
             "model": model.path(),
             "threads": threads,
             "tokens": args.tokens,

@@ -10,9 +10,9 @@ use memagent_store::{MemoryVersion, Store, GENERAL};
 use memagent_tasks::{session_chat, session_correct, QuestionKind, SessionSample};
 use serde_json::{json, Value};
 
-use super::streams::{local_answers, read_pending};
-use super::ModelBackend;
 use crate::cli::BenchSessionsArgs;
+use crate::commands::streams::{local_answers, read_pending};
+use crate::commands::ModelBackend;
 use crate::settings::Settings;
 
 /// The chat as a chat log's lines.
@@ -31,7 +31,7 @@ pub fn run(global: &Settings, args: &BenchSessionsArgs) -> Result<()> {
         }
     }
     let backend = ModelBackend::open(global, &args.run.backend)?;
-    let embedder = super::recall::load_embedder(global)?;
+    let embedder = crate::commands::recall::load_embedder(global)?;
     let mut output = super::bench::open_output(args.output.as_deref())?;
     // (mode, kind) -> (right, asked)
     let mut tally: BTreeMap<(String, String), (usize, usize)> = BTreeMap::new();
@@ -152,7 +152,7 @@ fn report(
         })
         .collect();
     if args.json {
-        return super::print_json(&json!({
+        return crate::commands::print_json(&json!({
             "split": args.split, "samples": args.samples, "sessions": args.sessions,
             "memory_steps": !args.no_memory, "results": rows,
         }));

@@ -22,7 +22,7 @@ There and back again. A long memory is a list of small facts, kept in order and 
 as new text arrives. Numbers such as 1234 and 56.78 appear now and then. ";
 
 pub fn engine(global: &Settings, args: &BenchEngineArgs) -> Result<()> {
-    let model = super::load_model(global)?;
+    let model = crate::commands::load_model(global)?;
     let longest = args.prefill.iter().copied().max().unwrap_or(0);
     if longest > model.context_length() {
         anyhow::bail!(
@@ -112,7 +112,7 @@ pub fn engine(global: &Settings, args: &BenchEngineArgs) -> Result<()> {
     }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     if args.json {
-        return super::print_json(&serde_json::json!({
+        return crate::commands::print_json(&serde_json::json!({
             "model": model.path(),
             "device": global.device,
             "threads": threads,
@@ -211,7 +211,7 @@ pub fn needle(global: &Settings, args: &BenchNeedleArgs) -> Result<()> {
     }
     let haystack = haystack(args.haystack.as_deref())?;
     let mut output = open_output(args.output.as_deref())?;
-    let backend = super::ModelBackend::open(global, &args.run.backend)?;
+    let backend = crate::commands::ModelBackend::open(global, &args.run.backend)?;
     let profile = backend.profile(&args.run.profile)?;
     tracing::info!(
         "haystack: {}; profile: chunk {} / memory {} / answer {} tokens",
@@ -258,7 +258,7 @@ pub fn needle(global: &Settings, args: &BenchNeedleArgs) -> Result<()> {
         Ok(results)
     })?;
     if args.json {
-        return super::print_json(&serde_json::json!({
+        return crate::commands::print_json(&serde_json::json!({
             "haystack": haystack.source(),
             "profile": profile,
             "results": results,
@@ -391,7 +391,7 @@ pub fn store(global: &Settings, args: &BenchStoreArgs) -> Result<()> {
     let haystack = haystack(args.haystack.as_deref())?;
     let content = haystack.text(args.megabytes << 20);
     // Bytes per chunk of `chunk_tokens` tokens, measured on the first 64 KB.
-    let model = super::load_model(global)?;
+    let model = crate::commands::load_model(global)?;
     let sample = &content[..content.floor_char_boundary(65536)];
     let sample_tokens = model.tokenizer().encode(sample, false)?.len().max(1);
     let chunk_bytes = args.chunk_tokens * sample.len() / sample_tokens;
@@ -476,7 +476,7 @@ pub fn store(global: &Settings, args: &BenchStoreArgs) -> Result<()> {
         "disk_over_content": disk_bytes as f64 / content.len() as f64,
     });
     if args.json {
-        return super::print_json(&result);
+        return crate::commands::print_json(&result);
     }
     let mut out = std::io::stdout().lock();
     for (k, v) in result.as_object().expect("an object") {
@@ -519,7 +519,7 @@ fn default_haystack() -> Option<PathBuf> {
 /// stream per file.
 struct BenchDaemon {
     child: std::process::Child,
-    client: super::client::DaemonClient,
+    client: crate::commands::client::DaemonClient,
     root: PathBuf,
     folder: PathBuf,
 }
@@ -559,7 +559,7 @@ impl BenchDaemon {
             .context("cannot start the daemon")?;
         let deadline = Instant::now() + std::time::Duration::from_secs(120);
         let client = loop {
-            if let Some(client) = super::client::DaemonClient::connect(&data) {
+            if let Some(client) = crate::commands::client::DaemonClient::connect(&data) {
                 break client;
             }
             if Instant::now() > deadline {
@@ -623,7 +623,7 @@ pub fn daemon(global: &Settings, args: &BenchDaemonArgs) -> Result<()> {
     let content = haystack.text(4 << 20);
     // Bytes per token of this content, to write a given number of tokens.
     let (bytes_per_token, chunk_tokens) = {
-        let model = super::load_model(global)?;
+        let model = crate::commands::load_model(global)?;
         let sample = &content[..content.floor_char_boundary(65536)];
         let tokens = model.tokenizer().encode(sample, false)?.len().max(1);
         let profile = memagent_agent::Profile::for_model(model.name(), Some(model.parameters()));
@@ -753,7 +753,7 @@ pub fn daemon(global: &Settings, args: &BenchDaemonArgs) -> Result<()> {
         },
     });
     if args.json {
-        return super::print_json(&report);
+        return crate::commands::print_json(&report);
     }
     let mut out = std::io::stdout().lock();
     writeln!(
@@ -983,7 +983,7 @@ pub fn proxy(global: &Settings, args: &BenchProxyArgs) -> Result<()> {
         "turn_lag_p50_seconds": percentile(&lags, 0.5),
     });
     if args.json {
-        return super::print_json(&result);
+        return crate::commands::print_json(&result);
     }
     let mut out = std::io::stdout().lock();
     writeln!(

@@ -168,7 +168,7 @@ pub fn run(global: &Settings, args: &BenchRulerArgs) -> Result<()> {
             .iter()
             .any(|m| m == "evidence" || m == "passages")
         {
-            true => super::recall::load_embedder(global)?,
+            true => crate::commands::recall::load_embedder(global)?,
             false => None,
         },
         k: args.passages,
@@ -190,10 +190,10 @@ pub fn run(global: &Settings, args: &BenchRulerArgs) -> Result<()> {
 
     // The database is opened before the model: a daemon holding it is reported at once.
     let store = match &args.stream {
-        Some(_) => Some(super::db::Db::open(global)?.local("bench ruler --stream")?),
+        Some(_) => Some(crate::commands::db::Db::open(global)?.local("bench ruler --stream")?),
         None => None,
     };
-    let backend = super::ModelBackend::open(global, &args.run.backend)?;
+    let backend = crate::commands::ModelBackend::open(global, &args.run.backend)?;
     let (model, model_sha256) = backend.identity()?;
     let profile = backend.profile(&args.run.profile)?;
     let total = tasks.len() * args.lengths.len() * args.samples * args.modes.len();
@@ -410,7 +410,7 @@ fn run_group(
         let mut out = Vec::with_capacity(group.len());
         for (sample, mut record) in group {
             let started = Instant::now();
-            let found = super::recall::document_evidence(
+            let found = crate::commands::recall::document_evidence(
                 searcher.embedder.clone(),
                 &sample.document,
                 &sample.question,

@@ -168,7 +168,7 @@ pub fn train(global: &Settings, args: &TrainArgs) -> Result<()> {
         signal_hook::flag::register(signal, stop.clone())?;
     }
     let show = !a.json && !global.quiet && std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let bar = super::progress_bar(
+    let bar = crate::commands::progress_bar(
         show,
         "{bar:30} {pos}/{len} updates  {msg}  [{elapsed_precise} < {eta_precise}]",
     );
@@ -308,7 +308,7 @@ fn keep_freed_memory() {
 /// The model to train: its frozen products in 8-bit integers where prefill's are
 /// (`MEMAGENT_PREFILL_WEIGHTS`, and a CPU with AVX-512 VNNI or AVX2), in f32 otherwise.
 fn load_train_model(path: &Path, config: &TrainConfig) -> Result<TrainModel> {
-    let integer = matches!(super::prefill_weights()?, PrefillWeights::Integer)
+    let integer = matches!(crate::commands::prefill_weights()?, PrefillWeights::Integer)
         && memagent_engine::integer_products_fast();
     Ok(TrainModel::load_with(
         path,
@@ -321,7 +321,7 @@ fn load_train_model(path: &Path, config: &TrainConfig) -> Result<TrainModel> {
 /// How the model's frozen products run, and why, for the log.
 fn products_line(model: &TrainModel) -> Result<&'static str> {
     Ok(
-        if !matches!(super::prefill_weights()?, PrefillWeights::Integer) {
+        if !matches!(crate::commands::prefill_weights()?, PrefillWeights::Integer) {
             "f32 (MEMAGENT_PREFILL_WEIGHTS asks for f32 prefill)"
         } else if !memagent_engine::integer_products_fast() {
             "f32 (this CPU has neither AVX-512 VNNI nor AVX2 for 8-bit integer products)"
@@ -383,7 +383,7 @@ fn bench(
         .map(|l| l.gflop_per_second.unwrap_or(0.0) * l.seconds)
         .sum();
     let train_rate = gflop / seconds.max(1e-9);
-    let engine = super::load_model(global)?;
+    let engine = crate::commands::load_model(global)?;
     let projections = memagent_engine::bench::bench_projections(&engine, 512, 3)?;
     let prefill_rate = projections.gflop_per_second.unwrap_or(0.0);
     let ratio = train_rate / prefill_rate.max(1e-9);

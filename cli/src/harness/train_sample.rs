@@ -50,7 +50,7 @@ pub fn run(global: &Settings, args: &TrainSampleArgs) -> Result<()> {
     }
     let model_path = global.model_path()?;
     let data = super::train::task_data(&model_path, &args.data)?;
-    let model = super::load_model(global)?;
+    let model = crate::commands::load_model(global)?;
     let profile = Profile {
         chunk_tokens: args.data.chunk_max,
         memory_tokens: args.data.memory_tokens,
