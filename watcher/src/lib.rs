@@ -92,14 +92,18 @@ pub fn run(
         .map(Watch::new)
         .collect::<Result<Vec<_>>>()?;
     let socket = socket_path(store.path());
+    let io = {
+        let path = socket.clone();
+        move |source| Error::Io {
+            path: path.clone(),
+            source,
+        }
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(|source| Error::Io {
-            path: socket.clone(),
-            source,
-        })?;
+        .map_err(&io)?;
     let stats = Arc::new(Mutex::new(Stats::default()));
     // Appends go to the indexer and on to the scheduler.
     let (arrivals_tx, mut appended_rx) = tokio::sync::mpsc::unbounded_channel::<files::Arrival>();
@@ -110,13 +114,9 @@ pub fn run(
         std::thread::Builder::new()
             .name("memagent-index".into())
             .spawn(move || index_appends(&store, &recall, index_rx))
-            .map_err(|source| Error::Io {
-                path: socket.clone(),
-                source,
-            })?
+            .map_err(&io)?
     };
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
-
     let proxy_state = options.proxy.as_ref().map(|proxy| {
         proxy::ProxyState::new(
             store.clone(),
@@ -135,7 +135,6 @@ pub fn run(
         arrivals: arrivals_tx.clone(),
         recall: recall.clone(),
     };
-    let state_recall = recall;
     runtime.block_on(async move {
         let forward = tokio::spawn(async move {
             while let Some(arrival) = appended_rx.recv().await {
@@ -143,42 +142,20 @@ pub fn run(
                 let _ = scheduler_tx.send(arrival);
             }
         });
-        let unix = bind_socket(&socket)?;
-        let tcp = match &options.tcp {
-            Some(tcp) => Some((
-                bind_tcp(tcp.addr).await?,
-                Arc::<str>::from(tcp.token.as_str()),
-            )),
-            None => None,
-        };
-        let proxy = match (&options.proxy, proxy_state) {
-            (Some(proxy), Some(state)) => Some((
-                bind_tcp(proxy.addr).await?,
-                proxy::router(state, Arc::<str>::from(proxy.token.as_str())),
-            )),
-            _ => None,
-        };
-
-        // The file thread: events, settling, rescans.
+        let listeners = Listeners::bind(&socket, &options, proxy_state).await?;
         let (file_tx, file_rx) = mpsc::channel();
         let file_thread = {
             let tracker = Tracker::new(store.clone(), watches, arrivals_tx)?;
-            let stats = stats.clone();
-            let events = file_tx.clone();
-            let settle = options.settle;
-            let rescan = options.rescan;
+            let (stats, events) = (stats.clone(), file_tx.clone());
+            let (settle, rescan) = (options.settle, options.rescan);
             std::thread::Builder::new()
                 .name("memagent-files".into())
                 .spawn(move || follow_files(tracker, events, file_rx, stats, settle, rescan))
-                .map_err(|source| Error::Io {
-                    path: socket.clone(),
-                    source,
-                })?
+                .map_err(io)?
         };
-
         let scheduler = scheduler::Scheduler {
             store: store.clone(),
-            recall: state_recall,
+            recall,
             engine,
             stats,
             idle: options.idle,
@@ -190,63 +167,14 @@ pub fn run(
                 .collect(),
         };
         let scheduler = tokio::spawn(scheduler.run(arrivals_rx, shutdown_rx.clone()));
-
-        let app = api::router(state);
-        let unix_server = {
-            let mut stop = shutdown_rx.clone();
-            let app = app.clone();
-            tokio::spawn(async move {
-                axum::serve(unix, app)
-                    .with_graceful_shutdown(async move {
-                        let _ = stop.changed().await;
-                    })
-                    .await
-            })
-        };
-        let tcp_server = tcp.map(|(listener, token)| {
-            let mut stop = shutdown_rx.clone();
-            tracing::info!(
-                "API on http://{} (bearer token required)",
-                listener.local_addr().map_or("?".into(), |a| a.to_string())
-            );
-            let app = app.layer(axum::middleware::from_fn_with_state(
-                token,
-                api::require_token,
-            ));
-            tokio::spawn(async move {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(async move {
-                        let _ = stop.changed().await;
-                    })
-                    .await
-            })
-        });
-        let proxy_server = proxy.map(|(listener, app)| {
-            let mut stop = shutdown_rx.clone();
-            tracing::info!(
-                "OpenAI-compatible proxy on http://{}/v1 (bearer token required), {}",
-                listener.local_addr().map_or("?".into(), |a| a.to_string()),
-                match &options.proxy.as_ref().and_then(|p| p.upstream.clone()) {
-                    Some(upstream) => format!("forwarding to {upstream}"),
-                    None => "answering with the daemon's model".to_string(),
-                }
-            );
-            tokio::spawn(async move {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(async move {
-                        let _ = stop.changed().await;
-                    })
-                    .await
-            })
-        });
+        let servers = listeners.serve(api::router(state), &options, &shutdown_rx);
         tracing::info!("listening on {}", socket.display());
 
         wait_for_signal().await;
         tracing::info!("stopping");
         let _ = shutdown_tx.send(true);
         let _ = file_tx.send(Msg::Stop);
-        let _ = unix_server.await;
-        for server in [tcp_server, proxy_server].into_iter().flatten() {
+        for server in servers {
             let _ = server.await;
         }
         // The step in flight, if any, is abandoned: its commit is atomic, so it is
@@ -261,6 +189,91 @@ pub fn run(
         store.flush()?;
         tracing::info!("stopped");
         Ok(())
+    })
+}
+
+/// The daemon's listeners: the API's socket, the API on TCP and the proxy, as configured.
+struct Listeners {
+    unix: tokio::net::UnixListener,
+    tcp: Option<(tokio::net::TcpListener, Arc<str>)>,
+    proxy: Option<(tokio::net::TcpListener, axum::Router)>,
+}
+
+impl Listeners {
+    async fn bind(
+        socket: &std::path::Path,
+        options: &DaemonOptions,
+        proxy_state: Option<proxy::ProxyState>,
+    ) -> Result<Self> {
+        let unix = bind_socket(socket)?;
+        let tcp = match &options.tcp {
+            Some(tcp) => Some((
+                bind_tcp(tcp.addr).await?,
+                Arc::<str>::from(tcp.token.as_str()),
+            )),
+            None => None,
+        };
+        let proxy = match (&options.proxy, proxy_state) {
+            (Some(proxy), Some(state)) => Some((
+                bind_tcp(proxy.addr).await?,
+                proxy::router(state, Arc::<str>::from(proxy.token.as_str())),
+            )),
+            _ => None,
+        };
+        Ok(Self { unix, tcp, proxy })
+    }
+
+    /// Serves the API on the socket (and TCP, behind its token) and the proxy, each until
+    /// `stop` changes; the Unix socket's server comes first.
+    fn serve(
+        self,
+        app: axum::Router,
+        options: &DaemonOptions,
+        stop: &tokio::sync::watch::Receiver<bool>,
+    ) -> Vec<tokio::task::JoinHandle<std::io::Result<()>>> {
+        let mut servers = vec![serve_until(self.unix, app.clone(), stop.clone())];
+        if let Some((listener, token)) = self.tcp {
+            tracing::info!(
+                "API on http://{} (bearer token required)",
+                listener.local_addr().map_or("?".into(), |a| a.to_string())
+            );
+            let app = app.layer(axum::middleware::from_fn_with_state(
+                token,
+                api::require_token,
+            ));
+            servers.push(serve_until(listener, app, stop.clone()));
+        }
+        if let Some((listener, app)) = self.proxy {
+            tracing::info!(
+                "OpenAI-compatible proxy on http://{}/v1 (bearer token required), {}",
+                listener.local_addr().map_or("?".into(), |a| a.to_string()),
+                match &options.proxy.as_ref().and_then(|p| p.upstream.clone()) {
+                    Some(upstream) => format!("forwarding to {upstream}"),
+                    None => "answering with the daemon's model".to_string(),
+                }
+            );
+            servers.push(serve_until(listener, app, stop.clone()));
+        }
+        servers
+    }
+}
+
+/// Serves `app` on `listener` until `stop` changes.
+fn serve_until<L>(
+    listener: L,
+    app: axum::Router,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<std::io::Result<()>>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stop.changed().await;
+            })
+            .await
     })
 }
 
