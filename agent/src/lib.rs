@@ -741,16 +741,13 @@ impl<'a> MemoryAgent<'a> {
         Ok(runs.pop().expect("one run per document"))
     }
 
-    /// The whole workflow over several `(document, question)` pairs at once: step `i` of
-    /// every pair that has an `i`-th chunk is decoded in one batch, then the answers are.
-    /// Each run is what it would be alone; `on_progress` sees the pair's index with each
-    /// event, and every run's `seconds` is the whole batch's.
-    pub fn run_many(
+    /// Each job's document cut into chunks, with its input tokens; each question checked
+    /// against the budget first.
+    fn cut_documents(
         &self,
         jobs: &[(&str, &str)],
         on_progress: &mut dyn FnMut(usize, Progress<'_>),
-    ) -> Result<Vec<AgentRun>> {
-        let start = Instant::now();
+    ) -> Result<Vec<(Vec<Chunk>, usize)>> {
         let mut documents = Vec::with_capacity(jobs.len());
         for (i, (document, question)) in jobs.iter().enumerate() {
             check_question(question)?;
@@ -771,6 +768,20 @@ impl<'a> MemoryAgent<'a> {
             );
             documents.push((chunks, input_tokens));
         }
+        Ok(documents)
+    }
+
+    /// The whole workflow over several `(document, question)` pairs at once: step `i` of
+    /// every pair that has an `i`-th chunk is decoded in one batch, then the answers are.
+    /// Each run is what it would be alone; `on_progress` sees the pair's index with each
+    /// event, and every run's `seconds` is the whole batch's.
+    pub fn run_many(
+        &self,
+        jobs: &[(&str, &str)],
+        on_progress: &mut dyn FnMut(usize, Progress<'_>),
+    ) -> Result<Vec<AgentRun>> {
+        let start = Instant::now();
+        let documents = self.cut_documents(jobs, on_progress)?;
         let mut memories = vec![NO_MEMORY.to_string(); jobs.len()];
         let mut steps: Vec<Vec<StepReport>> = documents
             .iter()

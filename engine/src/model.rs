@@ -452,6 +452,37 @@ impl LocalModel {
         options: &GenerateOptions,
         draft: &mut Drafter<'_>,
     ) -> Result<Vec<Generation>> {
+        self.check_prompts(prompts, options)?;
+        let speculate =
+            options.sampling.temperature <= 0.0 && options.draft_tokens > 0 && self.exact_rows();
+        let max_draft = options.draft_tokens.min(Transformer::MAX_VERIFY - 1);
+        let mut seqs = prompts
+            .iter()
+            .map(|prompt| self.start_sequence(prompt, options, max_draft))
+            .collect::<Result<Vec<_>>>()?;
+        let decode_start = Instant::now();
+        loop {
+            let drafting = Drafting {
+                speculate,
+                max_draft,
+                draft: &mut *draft,
+            };
+            let inputs = self.next_inputs(&mut seqs, options, drafting, decode_start)?;
+            if inputs.is_empty() {
+                break;
+            }
+            let mut rows_of = self.forward_inputs(&mut seqs, &inputs)?;
+            // Each sequence keeps the longest prefix of its draft the model agrees with.
+            for (i, input) in inputs {
+                let rows = rows_of[i].take().expect("rows for every input");
+                self.accept(&mut seqs[i], &input, rows, options, max_draft, decode_start)?;
+            }
+        }
+        seqs.into_iter().map(|seq| self.generation(seq)).collect()
+    }
+
+    /// Every prompt has a token, and room in the context for `max_new_tokens` more.
+    fn check_prompts(&self, prompts: &[&[u32]], options: &GenerateOptions) -> Result<()> {
         let context = self.context_length();
         for prompt in prompts {
             if prompt.is_empty() {
@@ -470,164 +501,193 @@ impl LocalModel {
                 });
             }
         }
-        let speculate =
-            options.sampling.temperature <= 0.0 && options.draft_tokens > 0 && self.exact_rows();
-        let max_draft = options.draft_tokens.min(Transformer::MAX_VERIFY - 1);
-        let mut seqs = Vec::with_capacity(prompts.len());
-        for prompt in prompts {
-            let start = Instant::now();
-            let mut seq = Sequence {
-                prompt,
-                sampler: Sampler::new(options.sampling),
-                generated: Vec::new(),
-                cache: None,
-                row: Vec::new(),
-                draft_len: max_draft.min(4),
-                decoding: DecodeStats::default(),
-                stop: (options.max_new_tokens == 0).then_some(StopReason::MaxTokens),
-                start,
-                prefill_seconds: 0.0,
-                decode_seconds: 0.0,
-            };
-            if seq.stop.is_none() {
-                let total = prompt.len() + options.max_new_tokens;
-                let (logits, cache, reused) =
-                    self.prefill(prompt, total, options.reuse_prefix, options.adapter)?;
-                seq.decoding.cached_prompt = reused;
-                seq.row = logits.squeeze(0)?.to_vec1()?;
-                seq.cache = Some(cache);
-            }
-            seq.prefill_seconds = start.elapsed().as_secs_f64();
-            seqs.push(seq);
+        Ok(())
+    }
+
+    /// A sequence with its prompt prefilled (unless it is to generate nothing).
+    fn start_sequence<'p>(
+        &self,
+        prompt: &'p [u32],
+        options: &GenerateOptions,
+        max_draft: usize,
+    ) -> Result<Sequence<'p>> {
+        let start = Instant::now();
+        let mut seq = Sequence {
+            prompt,
+            sampler: Sampler::new(options.sampling),
+            generated: Vec::new(),
+            cache: None,
+            row: Vec::new(),
+            draft_len: max_draft.min(4),
+            decoding: DecodeStats::default(),
+            stop: (options.max_new_tokens == 0).then_some(StopReason::MaxTokens),
+            start,
+            prefill_seconds: 0.0,
+            decode_seconds: 0.0,
+        };
+        if seq.stop.is_none() {
+            let total = prompt.len() + options.max_new_tokens;
+            let (logits, cache, reused) =
+                self.prefill(prompt, total, options.reuse_prefix, options.adapter)?;
+            seq.decoding.cached_prompt = reused;
+            seq.row = logits.squeeze(0)?.to_vec1()?;
+            seq.cache = Some(cache);
         }
-        let decode_start = Instant::now();
-        loop {
-            // Each unfinished sequence takes its next token and drafts what may follow.
-            // A cache holds its prompt and every generated token but the last; `row`
-            // predicts the token after the last.
-            let active = seqs.iter().filter(|s| s.stop.is_none()).count();
-            // Alone, a sequence drafts up to its limit. In a batch the rows of a pass are
-            // better spent on other sequences' tokens (measured: four sequences without
-            // drafts decode 1.2-1.35x faster than with two drafts each), so none drafts.
-            let share = if active > 1 { 0 } else { max_draft };
-            let mut inputs: Vec<(usize, Vec<u32>)> = Vec::new();
-            for (i, seq) in seqs.iter_mut().enumerate() {
-                if seq.stop.is_some() {
-                    continue;
-                }
-                self.mask_stops(&mut seq.row, options);
-                let next = seq.sampler.sample(&seq.row);
-                if let Some(reason) = self.push_token(&mut seq.generated, next, options)? {
-                    seq.finish(reason, decode_start);
-                    continue;
-                }
-                let room = options.max_new_tokens - seq.generated.len();
-                let want = seq.draft_len.min(room).min(share);
-                let mut drafted = if speculate && want > 0 {
-                    draft(i, &seq.generated, want)
-                } else {
-                    Vec::new()
-                };
-                drafted.truncate(want);
-                let mut input = vec![next];
-                input.extend_from_slice(&drafted);
-                inputs.push((i, input));
+        seq.prefill_seconds = start.elapsed().as_secs_f64();
+        Ok(seq)
+    }
+
+    /// Each unfinished sequence takes its next token and drafts what may follow: the
+    /// tokens each runs through the model next, by sequence index. A cache holds its
+    /// prompt and every generated token but the last; `row` predicts the token after the
+    /// last.
+    fn next_inputs(
+        &self,
+        seqs: &mut [Sequence<'_>],
+        options: &GenerateOptions,
+        drafting: Drafting<'_, '_>,
+        decode_start: Instant,
+    ) -> Result<Vec<(usize, Vec<u32>)>> {
+        let active = seqs.iter().filter(|s| s.stop.is_none()).count();
+        // Alone, a sequence drafts up to its limit. In a batch the rows of a pass are
+        // better spent on other sequences' tokens (measured: four sequences without
+        // drafts decode 1.2-1.35x faster than with two drafts each), so none drafts.
+        let share = if active > 1 { 0 } else { drafting.max_draft };
+        let mut inputs: Vec<(usize, Vec<u32>)> = Vec::new();
+        for (i, seq) in seqs.iter_mut().enumerate() {
+            if seq.stop.is_some() {
+                continue;
             }
-            if inputs.is_empty() {
+            self.mask_stops(&mut seq.row, options);
+            let next = seq.sampler.sample(&seq.row);
+            if let Some(reason) = self.push_token(&mut seq.generated, next, options)? {
+                seq.finish(reason, decode_start);
+                continue;
+            }
+            let room = options.max_new_tokens - seq.generated.len();
+            let want = seq.draft_len.min(room).min(share);
+            let mut drafted = if drafting.speculate && want > 0 {
+                (drafting.draft)(i, &seq.generated, want)
+            } else {
+                Vec::new()
+            };
+            drafted.truncate(want);
+            let mut input = vec![next];
+            input.extend_from_slice(&drafted);
+            inputs.push((i, input));
+        }
+        Ok(inputs)
+    }
+
+    /// Runs every sequence's input through the model, one pass per group of at most
+    /// [`Transformer::MAX_VERIFY`] rows (more only with many sequences): the logits of
+    /// each input token, by sequence index.
+    fn forward_inputs(
+        &self,
+        seqs: &mut [Sequence<'_>],
+        inputs: &[(usize, Vec<u32>)],
+    ) -> Result<Vec<Option<Vec<Vec<f32>>>>> {
+        let mut rows_of: Vec<Option<Vec<Vec<f32>>>> = vec![None; seqs.len()];
+        let mut group: Vec<usize> = Vec::new();
+        let mut group_rows = 0;
+        for at in 0..=inputs.len() {
+            let fits =
+                at < inputs.len() && group_rows + inputs[at].1.len() <= Transformer::MAX_VERIFY;
+            if !fits && !group.is_empty() {
+                let mut caches: Vec<(&[u32], &mut KvCache)> = Vec::new();
+                let mut owners = Vec::new();
+                for (i, seq) in seqs.iter_mut().enumerate() {
+                    if let Some(k) = group.iter().position(|&g| inputs[g].0 == i) {
+                        let cache = seq.cache.as_mut().expect("an active sequence's cache");
+                        caches.push((inputs[group[k]].1.as_slice(), cache));
+                        owners.push(i);
+                    }
+                }
+                let logits = self.transformer.forward_many(&mut caches)?;
+                for (i, rows) in owners.into_iter().zip(logits) {
+                    rows_of[i] = Some(rows.to_vec2()?);
+                }
+                group.clear();
+                group_rows = 0;
+            }
+            if at < inputs.len() {
+                group.push(at);
+                group_rows += inputs[at].1.len();
+            }
+        }
+        Ok(rows_of)
+    }
+
+    /// Keeps the longest prefix of `seq`'s draft (the input after its first token) that
+    /// the model agrees with, sizes its next draft by how much was kept, and rewinds its
+    /// cache to the tokens kept.
+    fn accept(
+        &self,
+        seq: &mut Sequence<'_>,
+        input: &[u32],
+        mut rows: Vec<Vec<f32>>,
+        options: &GenerateOptions,
+        max_draft: usize,
+        decode_start: Instant,
+    ) -> Result<()> {
+        let drafted = &input[1..];
+        seq.decoding.passes += 1;
+        seq.decoding.drafted += drafted.len();
+        let mut accepted = 0;
+        let mut stopped = None;
+        for (k, &token) in drafted.iter().enumerate() {
+            self.mask_stops(&mut rows[k], options);
+            if argmax(&rows[k]) != token {
                 break;
             }
-            // One pass per group of at most MAX_VERIFY rows (more only with many sequences).
-            let mut rows_of: Vec<Option<Vec<Vec<f32>>>> = vec![None; seqs.len()];
-            let mut group: Vec<usize> = Vec::new();
-            let mut group_rows = 0;
-            for at in 0..=inputs.len() {
-                let fits =
-                    at < inputs.len() && group_rows + inputs[at].1.len() <= Transformer::MAX_VERIFY;
-                if !fits && !group.is_empty() {
-                    let mut caches: Vec<(&[u32], &mut KvCache)> = Vec::new();
-                    let mut owners = Vec::new();
-                    for (i, seq) in seqs.iter_mut().enumerate() {
-                        if let Some(k) = group.iter().position(|&g| inputs[g].0 == i) {
-                            let cache = seq.cache.as_mut().expect("an active sequence's cache");
-                            caches.push((inputs[group[k]].1.as_slice(), cache));
-                            owners.push(i);
-                        }
-                    }
-                    let logits = self.transformer.forward_many(&mut caches)?;
-                    for (i, rows) in owners.into_iter().zip(logits) {
-                        rows_of[i] = Some(rows.to_vec2()?);
-                    }
-                    group.clear();
-                    group_rows = 0;
-                }
-                if at < inputs.len() {
-                    group.push(at);
-                    group_rows += inputs[at].1.len();
-                }
-            }
-            // Each sequence keeps the longest prefix of its draft the model agrees with.
-            for (i, input) in inputs {
-                let seq = &mut seqs[i];
-                let mut rows = rows_of[i].take().expect("rows for every input");
-                let drafted = &input[1..];
-                seq.decoding.passes += 1;
-                seq.decoding.drafted += drafted.len();
-                let mut accepted = 0;
-                let mut stopped = None;
-                for (k, &token) in drafted.iter().enumerate() {
-                    self.mask_stops(&mut rows[k], options);
-                    if argmax(&rows[k]) != token {
-                        break;
-                    }
-                    accepted += 1;
-                    if let Some(reason) = self.push_token(&mut seq.generated, token, options)? {
-                        stopped = Some(reason);
-                        break;
-                    }
-                }
-                seq.decoding.accepted += accepted;
-                if let Some(reason) = stopped {
-                    seq.finish(reason, decode_start);
-                    continue;
-                }
-                if !drafted.is_empty() {
-                    seq.draft_len = if accepted == drafted.len() {
-                        (seq.draft_len + 2).min(max_draft)
-                    } else {
-                        (accepted + 1).min(max_draft)
-                    };
-                }
-                let kept = seq.prompt.len() + seq.generated.len();
-                seq.cache
-                    .as_mut()
-                    .expect("an active sequence's cache")
-                    .truncate(kept);
-                seq.row = rows
-                    .into_iter()
-                    .nth(accepted)
-                    .expect("a row per input token");
+            accepted += 1;
+            if let Some(reason) = self.push_token(&mut seq.generated, token, options)? {
+                stopped = Some(reason);
+                break;
             }
         }
-        seqs.into_iter()
-            .map(|seq| {
-                let text_ids: Vec<u32> = seq
-                    .generated
-                    .iter()
-                    .copied()
-                    .filter(|id| !self.tokenizer.stop_ids().contains(id))
-                    .collect();
-                Ok(Generation {
-                    text: self.tokenizer.decode(&text_ids)?,
-                    completion_tokens: seq.generated.len(),
-                    token_ids: seq.generated,
-                    prompt_tokens: seq.prompt.len(),
-                    stop_reason: seq.stop.unwrap_or(StopReason::MaxTokens),
-                    prefill_seconds: seq.prefill_seconds,
-                    decode_seconds: seq.decode_seconds,
-                    decoding: seq.decoding,
-                })
-            })
-            .collect()
+        seq.decoding.accepted += accepted;
+        if let Some(reason) = stopped {
+            seq.finish(reason, decode_start);
+            return Ok(());
+        }
+        if !drafted.is_empty() {
+            seq.draft_len = if accepted == drafted.len() {
+                (seq.draft_len + 2).min(max_draft)
+            } else {
+                (accepted + 1).min(max_draft)
+            };
+        }
+        let kept = seq.prompt.len() + seq.generated.len();
+        seq.cache
+            .as_mut()
+            .expect("an active sequence's cache")
+            .truncate(kept);
+        seq.row = rows
+            .into_iter()
+            .nth(accepted)
+            .expect("a row per input token");
+        Ok(())
+    }
+
+    /// A finished sequence's reply.
+    fn generation(&self, seq: Sequence<'_>) -> Result<Generation> {
+        let text_ids: Vec<u32> = seq
+            .generated
+            .iter()
+            .copied()
+            .filter(|id| !self.tokenizer.stop_ids().contains(id))
+            .collect();
+        Ok(Generation {
+            text: self.tokenizer.decode(&text_ids)?,
+            completion_tokens: seq.generated.len(),
+            token_ids: seq.generated,
+            prompt_tokens: seq.prompt.len(),
+            stop_reason: seq.stop.unwrap_or(StopReason::MaxTokens),
+            prefill_seconds: seq.prefill_seconds,
+            decode_seconds: seq.decode_seconds,
+            decoding: seq.decoding,
+        })
     }
 
     /// Runs `prompt` into a new cache with room for `capacity` tokens, starting from a
@@ -747,6 +807,14 @@ impl LocalModel {
 /// Drafts for sequence `i` of a batch: up to `max` tokens guessed to follow its
 /// `generated` tokens.
 type Drafter<'a> = dyn FnMut(usize, &[u32], usize) -> Vec<u32> + 'a;
+
+/// How a decoding pass drafts: whether it may (greedy, with exact rows), at most how
+/// many tokens, and the drafter.
+struct Drafting<'d, 'a> {
+    speculate: bool,
+    max_draft: usize,
+    draft: &'d mut Drafter<'a>,
+}
 
 /// One sequence of a batch being decoded.
 struct Sequence<'p> {

@@ -162,22 +162,71 @@ impl Tracker {
         let Some(key) = path.to_str().map(str::to_string) else {
             return Err("the path is not UTF-8; skipped".into());
         };
+        let Some((seen, bytes)) = self.read_changed(path, &key)? else {
+            return Ok(());
+        };
+        let (known, renamed_from) = self.known_record(&key, &seen, &bytes);
+        let resume = Resume::of(&key, known.as_ref(), &bytes);
+        let new = decode_new(&key, format, &bytes[resume.start..], &resume);
+        // Where the new text starts in the file, for the passages' provenance.
+        let first_line = match format {
+            WatchFormat::ChatJsonl => resume.lines + 1,
+            _ => {
+                bytes[..resume.start]
+                    .iter()
+                    .filter(|&&b| b == b'\n')
+                    .count() as u64
+                    + 1
+            }
+        };
+        let (text, turns) = match resume.revised {
+            true => revision_noted(path, &key, resume.revisions, new.text, new.turns),
+            false => (new.text, new.turns),
+        };
+        let segment = memagent_store::SegmentRecord {
+            source: key.clone(),
+            first_line,
+            turns,
+        };
+        let offset = resume.start + new.consumed;
+        let record = FileRecord {
+            path: key.clone(),
+            stream: known
+                .as_ref()
+                .map_or(stream.to_string(), |r| r.stream.clone()),
+            dev: seen.dev,
+            ino: seen.ino,
+            offset: offset as u64,
+            sha256: Sha256::digest(&bytes[..offset]).into(),
+            lines: resume.lines + new.lines,
+            revisions: resume.revisions,
+        };
+        if known.as_ref() != Some(&record) {
+            self.store_read(key, record, &text, renamed_from, &segment)?;
+        }
+        self.seen.insert(path.to_path_buf(), seen);
+        Ok(())
+    }
+
+    /// The file's bytes when it changed since it was last seen (`None`: unchanged, gone,
+    /// or not a regular file); an error says why a file that is there cannot be read.
+    fn read_changed(&mut self, path: &Path, key: &str) -> Result<Option<(Seen, Vec<u8>)>, String> {
         let meta = match std::fs::metadata(path) {
             Ok(meta) => meta,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                if self.files.contains_key(&key) {
+                if self.files.contains_key(key) {
                     if self.seen.remove(path).is_some() {
                         tracing::info!("{key}: removed; what was read from it stays in memory");
                     }
                 } else {
                     tracing::info!("{key}: gone before it could be read");
                 }
-                return Ok(());
+                return Ok(None);
             }
             Err(e) => return Err(format!("cannot read it: {e}")),
         };
         if !meta.is_file() {
-            return Ok(());
+            return Ok(None);
         }
         // Honoured even where the daemon could read it anyway (as root).
         if meta.mode() & 0o444 == 0 {
@@ -188,13 +237,13 @@ impl Tracker {
         }
         let seen = Seen::of(&meta);
         if self.seen.get(path) == Some(&seen) {
-            return Ok(());
+            return Ok(None);
         }
         let bytes = match std::fs::read(path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 tracing::info!("{key}: removed while being read");
-                return Ok(());
+                return Ok(None);
             }
             Err(e) => return Err(format!("cannot read it: {e}")),
         };
@@ -212,137 +261,190 @@ impl Tracker {
                 "a binary file (a NUL byte at offset {at}); skipped"
             ));
         }
+        Ok(Some((seen, bytes)))
+    }
 
-        // The file's record: by path, else a known file with the same identity that is
-        // no longer where it was and still begins with what was read from it (a rename;
-        // a file deleted, then another created on its freed inode, is a new file).
-        let mut renamed_from = None;
-        let known = match self.files.get(&key) {
-            Some(record) => Some(record.clone()),
-            None => self
-                .files
-                .values()
-                .find(|r| {
-                    r.dev == seen.dev
-                        && r.ino == seen.ino
-                        && std::fs::metadata(&r.path)
-                            .map_or(true, |m| m.dev() != r.dev || m.ino() != r.ino)
-                        && bytes.len() as u64 >= r.offset
-                        && Sha256::digest(&bytes[..r.offset as usize]).as_slice() == r.sha256
-                })
-                .cloned()
-                .inspect(|record| {
-                    tracing::info!(
-                        "{key}: renamed from {}; read on from where it was",
-                        record.path
-                    );
-                    renamed_from = Some(record.path.clone());
-                }),
-        };
-        let (start, lines, revisions, revised) = match &known {
-            Some(r) => {
-                let offset = r.offset as usize;
-                if bytes.len() >= offset && Sha256::digest(&bytes[..offset]).as_slice() == r.sha256
-                {
-                    (offset, r.lines, r.revisions, false)
-                } else {
-                    let how = if bytes.len() < offset {
-                        "truncated"
-                    } else {
-                        "rewritten"
-                    };
-                    tracing::warn!(
-                        "{key}: {how} since it was read; reading it whole as revision {}",
-                        r.revisions + 1
-                    );
-                    (0, 0, r.revisions + 1, true)
-                }
-            }
-            None => (0, 0, 0, false),
-        };
-        let new = &bytes[start..];
-        let (mut text, consumed, new_lines, mut turns) = match format {
-            WatchFormat::ChatJsonl => {
-                let parsed = chat::parse(new, lines);
-                for (line, reason) in &parsed.errors {
-                    tracing::warn!("{key}:{line}: {reason}; line skipped");
-                }
-                (parsed.text, parsed.consumed, parsed.lines, parsed.turns)
-            }
-            _ => {
-                let take = complete_utf8_len(new);
-                let text = match std::str::from_utf8(&new[..take]) {
-                    Ok(text) => text.to_string(),
-                    Err(e) => {
-                        tracing::warn!(
-                            "{key}: invalid UTF-8 at byte {}; decoded with U+FFFD in its place",
-                            start + e.valid_up_to()
-                        );
-                        String::from_utf8_lossy(&new[..take]).into_owned()
-                    }
-                };
-                (text, take, 0, Vec::new())
-            }
-        };
-        // Where the new text starts in the file, for the passages' provenance.
-        let segment = memagent_store::SegmentRecord {
-            source: key.clone(),
-            first_line: match format {
-                WatchFormat::ChatJsonl => lines + 1,
-                _ => bytes[..start].iter().filter(|&&b| b == b'\n').count() as u64 + 1,
-            },
-            turns: Vec::new(),
-        };
-        if revised {
-            let name = path
-                .file_name()
-                .map_or(key.clone(), |n| n.to_string_lossy().into());
-            let note = format!("\n[{name} was rewritten; revision {revisions} follows]\n");
-            for turn in &mut turns {
-                turn.0 += note.len() as u64;
-            }
-            text = format!("{note}{text}");
+    /// The file's record: by path, else a known file with the same identity that is no
+    /// longer where it was and still begins with what was read from it (a rename, whose
+    /// old path comes second; a file deleted, then another created on its freed inode,
+    /// is a new file).
+    fn known_record(
+        &self,
+        key: &str,
+        seen: &Seen,
+        bytes: &[u8],
+    ) -> (Option<FileRecord>, Option<String>) {
+        if let Some(record) = self.files.get(key) {
+            return (Some(record.clone()), None);
         }
-        let segment = memagent_store::SegmentRecord { turns, ..segment };
-        let offset = start + consumed;
-        let record = FileRecord {
-            path: key.clone(),
-            stream: known
-                .as_ref()
-                .map_or(stream.to_string(), |r| r.stream.clone()),
-            dev: seen.dev,
-            ino: seen.ino,
-            offset: offset as u64,
-            sha256: Sha256::digest(&bytes[..offset]).into(),
-            lines: lines + new_lines,
-            revisions,
-        };
-        if known.as_ref() != Some(&record) {
-            let appended = self
-                .store
-                .append_file(text.as_bytes(), &record, renamed_from.as_deref(), &segment)
-                .map_err(|e| format!("cannot store what was read: {e}"))?;
-            if appended.bytes > 0 {
-                tracing::debug!(
-                    "{key}: {} new bytes into `{}` (log {} bytes)",
-                    appended.bytes,
-                    record.stream,
-                    appended.log_len
-                );
-                let _ = self.arrivals.send(Arrival {
-                    stream: record.stream.clone(),
-                    log_len: appended.log_len,
-                    at: Instant::now(),
-                });
-            }
-            if let Some(old) = &renamed_from {
-                self.files.remove(old);
-            }
-            self.files.insert(key, record);
+        let renamed = self
+            .files
+            .values()
+            .find(|r| {
+                r.dev == seen.dev
+                    && r.ino == seen.ino
+                    && std::fs::metadata(&r.path)
+                        .map_or(true, |m| m.dev() != r.dev || m.ino() != r.ino)
+                    && bytes.len() as u64 >= r.offset
+                    && Sha256::digest(&bytes[..r.offset as usize]).as_slice() == r.sha256
+            })
+            .cloned();
+        let from = renamed.as_ref().map(|record| {
+            tracing::info!(
+                "{key}: renamed from {}; read on from where it was",
+                record.path
+            );
+            record.path.clone()
+        });
+        (renamed, from)
+    }
+
+    /// Appends what was read to the file's stream with its record (commit 1), tells the
+    /// scheduler, and remembers the record under its path.
+    fn store_read(
+        &mut self,
+        key: String,
+        record: FileRecord,
+        text: &str,
+        renamed_from: Option<String>,
+        segment: &memagent_store::SegmentRecord,
+    ) -> Result<(), String> {
+        let appended = self
+            .store
+            .append_file(text.as_bytes(), &record, renamed_from.as_deref(), segment)
+            .map_err(|e| format!("cannot store what was read: {e}"))?;
+        if appended.bytes > 0 {
+            tracing::debug!(
+                "{key}: {} new bytes into `{}` (log {} bytes)",
+                appended.bytes,
+                record.stream,
+                appended.log_len
+            );
+            let _ = self.arrivals.send(Arrival {
+                stream: record.stream.clone(),
+                log_len: appended.log_len,
+                at: Instant::now(),
+            });
         }
-        self.seen.insert(path.to_path_buf(), seen);
+        if let Some(old) = &renamed_from {
+            self.files.remove(old);
+        }
+        self.files.insert(key, record);
         Ok(())
     }
+}
+
+/// Where reading a file resumes: after what was read before when the file still begins
+/// with it, else from the start as a new revision.
+struct Resume {
+    start: usize,
+    /// Lines read before `start`.
+    lines: u64,
+    revisions: u32,
+    /// The file was truncated or rewritten since it was read.
+    revised: bool,
+}
+
+impl Resume {
+    fn of(key: &str, known: Option<&FileRecord>, bytes: &[u8]) -> Self {
+        let Some(r) = known else {
+            return Self {
+                start: 0,
+                lines: 0,
+                revisions: 0,
+                revised: false,
+            };
+        };
+        let offset = r.offset as usize;
+        if bytes.len() >= offset && Sha256::digest(&bytes[..offset]).as_slice() == r.sha256 {
+            return Self {
+                start: offset,
+                lines: r.lines,
+                revisions: r.revisions,
+                revised: false,
+            };
+        }
+        let how = if bytes.len() < offset {
+            "truncated"
+        } else {
+            "rewritten"
+        };
+        tracing::warn!(
+            "{key}: {how} since it was read; reading it whole as revision {}",
+            r.revisions + 1
+        );
+        Self {
+            start: 0,
+            lines: 0,
+            revisions: r.revisions + 1,
+            revised: true,
+        }
+    }
+}
+
+/// The new bytes of a file as text to append.
+struct NewText {
+    text: String,
+    /// Bytes of the file consumed (a partial last line or character waits).
+    consumed: usize,
+    /// Lines consumed (chat logs).
+    lines: u64,
+    /// Each chat turn's offset in `text` with its line number in the file.
+    turns: Vec<(u64, u64)>,
+}
+
+/// `new` (the file's bytes from `resume.start`) decoded: a chat log's complete lines as
+/// turns, other text up to its last complete character (invalid UTF-8 replaced, with a
+/// warning naming the byte).
+fn decode_new(key: &str, format: WatchFormat, new: &[u8], resume: &Resume) -> NewText {
+    if format == WatchFormat::ChatJsonl {
+        let parsed = chat::parse(new, resume.lines);
+        for (line, reason) in &parsed.errors {
+            tracing::warn!("{key}:{line}: {reason}; line skipped");
+        }
+        return NewText {
+            text: parsed.text,
+            consumed: parsed.consumed,
+            lines: parsed.lines,
+            turns: parsed.turns,
+        };
+    }
+    let take = complete_utf8_len(new);
+    let text = match std::str::from_utf8(&new[..take]) {
+        Ok(text) => text.to_string(),
+        Err(e) => {
+            tracing::warn!(
+                "{key}: invalid UTF-8 at byte {}; decoded with U+FFFD in its place",
+                resume.start + e.valid_up_to()
+            );
+            String::from_utf8_lossy(&new[..take]).into_owned()
+        }
+    };
+    NewText {
+        text,
+        consumed: take,
+        lines: 0,
+        turns: Vec::new(),
+    }
+}
+
+/// `text` of a rewritten file behind a note that says so, with its turns' offsets moved
+/// past the note.
+fn revision_noted(
+    path: &Path,
+    key: &str,
+    revisions: u32,
+    text: String,
+    mut turns: Vec<(u64, u64)>,
+) -> (String, Vec<(u64, u64)>) {
+    let name = path
+        .file_name()
+        .map_or(key.to_string(), |n| n.to_string_lossy().into());
+    let note = format!("\n[{name} was rewritten; revision {revisions} follows]\n");
+    for turn in &mut turns {
+        turn.0 += note.len() as u64;
+    }
+    (format!("{note}{text}"), turns)
 }
 
 /// Length of `bytes` without a trailing UTF-8 sequence that is not complete yet (a

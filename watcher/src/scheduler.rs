@@ -139,16 +139,16 @@ impl Scheduler {
         mut arrivals: mpsc::UnboundedReceiver<Arrival>,
         mut shutdown: watch::Receiver<bool>,
     ) {
-        let started = Instant::now();
-        let mut last_arrival: HashMap<String, Instant> = HashMap::new();
-        let mut failed: HashMap<String, Instant> = HashMap::new();
-        // When each stream's last step was sent to the engine.
-        let mut last_step: HashMap<String, Instant> = HashMap::new();
-        // Streams whose last step left another whole chunk pending.
-        let mut backlog: HashSet<String> = HashSet::new();
+        let mut state = Rounds {
+            started: Instant::now(),
+            last_arrival: HashMap::new(),
+            failed: HashMap::new(),
+            last_step: HashMap::new(),
+            backlog: HashSet::new(),
+        };
         loop {
             while let Ok(arrival) = arrivals.try_recv() {
-                self.arrived(&mut last_arrival, arrival);
+                self.arrived(&mut state.last_arrival, arrival);
             }
             if *shutdown.borrow() {
                 return;
@@ -160,35 +160,9 @@ impl Scheduler {
                     Vec::new()
                 }
             };
-            // Fresh: one step catches the stream up, or its text arrived since its last
-            // step; the rest are working through a backlog.
-            let fresh = |s: &str| {
-                !backlog.contains(s)
-                    || match (last_arrival.get(s), last_step.get(s)) {
-                        (Some(arrived), Some(stepped)) => arrived > stepped,
-                        _ => true,
-                    }
-            };
-            let order = serve_order(&pending, fresh, &last_step);
-            let mut wake: Option<Instant> = None;
+            let order = state.order(&pending);
+            let (due, idle_ats, mut wake) = state.due(&order, self.idle);
             let mut served = false;
-            // Every due stream in serving order; the engine steps the first ones with a
-            // chunk to read as one batch and defers the rest to the next round.
-            let mut due: Vec<(String, bool)> = Vec::new();
-            let mut idle_ats = Vec::new();
-            for stream in &order {
-                if let Some(until) = failed.get(stream).map(|at| *at + RETRY_AFTER) {
-                    if Instant::now() < until {
-                        wake = Some(wake.map_or(until, |w| w.min(until)));
-                        continue;
-                    }
-                    failed.remove(stream);
-                }
-                let since = last_arrival.get(stream).copied().unwrap_or(started);
-                let idle_at = since + self.idle;
-                due.push((stream.clone(), Instant::now() < idle_at));
-                idle_ats.push(idle_at);
-            }
             if !due.is_empty() {
                 let names: Vec<&str> = due
                     .iter()
@@ -218,12 +192,7 @@ impl Scheduler {
                             tracing::info!("{stream}: {step}");
                             self.stats.lock().expect("stats").stepped(stream, &step);
                             self.answer_standing(stream, &step.version).await;
-                            last_step.insert(stream.clone(), sent);
-                            if more {
-                                backlog.insert(stream.clone());
-                            } else {
-                                backlog.remove(stream);
-                            }
+                            state.stepped(stream, sent, more);
                             served = true;
                         }
                         Ok(Step::NotReady { pending_tokens }) => {
@@ -240,7 +209,7 @@ impl Scheduler {
                             tracing::error!("{e}; trying again in {}s", RETRY_AFTER.as_secs());
                             let mut stats = self.stats.lock().expect("stats");
                             stats.streams.entry(stream.clone()).or_default().last_error = Some(e);
-                            failed.insert(stream.clone(), Instant::now());
+                            state.failed.insert(stream.clone(), Instant::now());
                         }
                     }
                 }
@@ -256,7 +225,7 @@ impl Scheduler {
             };
             tokio::select! {
                 arrival = arrivals.recv() => match arrival {
-                    Some(arrival) => self.arrived(&mut last_arrival, arrival),
+                    Some(arrival) => self.arrived(&mut state.last_arrival, arrival),
                     None => return,
                 },
                 () = sleep => {}
@@ -311,6 +280,76 @@ fn serve_order(
         .chain(after)
         .cloned()
         .collect()
+}
+
+/// What the scheduler remembers from round to round.
+struct Rounds {
+    started: Instant,
+    last_arrival: HashMap<String, Instant>,
+    /// When each stream's last step failed.
+    failed: HashMap<String, Instant>,
+    /// When each stream's last step was sent to the engine.
+    last_step: HashMap<String, Instant>,
+    /// Streams whose last step left another whole chunk pending.
+    backlog: HashSet<String>,
+}
+
+impl Rounds {
+    /// The `pending` streams in serving order. Fresh streams first: one step catches
+    /// them up, or their text arrived since their last step; the rest are working
+    /// through a backlog.
+    fn order(&self, pending: &[String]) -> Vec<String> {
+        let fresh = |s: &str| {
+            !self.backlog.contains(s)
+                || match (self.last_arrival.get(s), self.last_step.get(s)) {
+                    (Some(arrived), Some(stepped)) => arrived > stepped,
+                    _ => true,
+                }
+        };
+        serve_order(pending, fresh, &self.last_step)
+    }
+
+    /// Every due stream in serving order, with whether it steps only on a whole chunk
+    /// (its text arrived less than `idle` ago), and when it goes idle; and the earliest
+    /// time a failed stream may be tried again. The engine steps the first ones with a
+    /// chunk to read as one batch and defers the rest to the next round.
+    fn due(
+        &mut self,
+        order: &[String],
+        idle: std::time::Duration,
+    ) -> (Vec<(String, bool)>, Vec<Instant>, Option<Instant>) {
+        let mut wake: Option<Instant> = None;
+        let mut due: Vec<(String, bool)> = Vec::new();
+        let mut idle_ats = Vec::new();
+        for stream in order {
+            if let Some(until) = self.failed.get(stream).map(|at| *at + RETRY_AFTER) {
+                if Instant::now() < until {
+                    wake = Some(wake.map_or(until, |w| w.min(until)));
+                    continue;
+                }
+                self.failed.remove(stream);
+            }
+            let since = self
+                .last_arrival
+                .get(stream)
+                .copied()
+                .unwrap_or(self.started);
+            let idle_at = since + idle;
+            due.push((stream.clone(), Instant::now() < idle_at));
+            idle_ats.push(idle_at);
+        }
+        (due, idle_ats, wake)
+    }
+
+    /// `stream` stepped, its step sent at `sent`; `more`: another whole chunk is pending.
+    fn stepped(&mut self, stream: &str, sent: Instant, more: bool) {
+        self.last_step.insert(stream.to_string(), sent);
+        if more {
+            self.backlog.insert(stream.to_string());
+        } else {
+            self.backlog.remove(stream);
+        }
+    }
 }
 
 #[cfg(test)]

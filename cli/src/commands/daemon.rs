@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use memagent_agent::Profile;
 use memagent_store::Store;
 use memagent_watcher::{DaemonInfo, DaemonOptions, EngineHandle, ProxyOptions, TcpOptions};
 use serde_json::Value;
@@ -42,59 +43,8 @@ pub fn run(global: &Settings, args: &DaemonRunArgs) -> Result<()> {
         60.0,
         "rescan-seconds",
     )?;
-    let tcp = match args.listen.as_ref().or(config.daemon.listen.as_ref()) {
-        Some(listen) => {
-            let addr = settings::listen_addr(listen).context("--listen")?;
-            let token = std::env::var(TOKEN_ENV)
-                .ok()
-                .filter(|t| !t.is_empty())
-                .or_else(|| config.daemon.token.clone())
-                .with_context(|| {
-                    format!(
-                        "the TCP listener needs a bearer token: set {TOKEN_ENV} or \
-                         `daemon.token` in the configuration file"
-                    )
-                })?;
-            if !addr.ip().is_loopback() {
-                tracing::warn!("the API listens on {addr}, beyond this machine");
-            }
-            Some(TcpOptions { addr, token })
-        }
-        None => None,
-    };
-    let proxy = match &config.proxy {
-        Some(proxy) => {
-            let addr = settings::listen_addr(&proxy.listen).context("proxy.listen")?;
-            let token = std::env::var(PROXY_TOKEN_ENV)
-                .ok()
-                .filter(|t| !t.is_empty())
-                .or_else(|| proxy.token.clone().filter(|t| !t.is_empty()))
-                .with_context(|| {
-                    format!(
-                        "the proxy needs a bearer token (its clients' API key): set \
-                         {PROXY_TOKEN_ENV} or `proxy.token` in the configuration file"
-                    )
-                })?;
-            let upstream_key = match &proxy.upstream_api_key_env {
-                Some(name) => Some(
-                    std::env::var(name)
-                        .ok()
-                        .filter(|k| !k.is_empty())
-                        .with_context(|| {
-                            format!("proxy.upstream_api_key_env: ${name} is not set")
-                        })?,
-                ),
-                None => None,
-            };
-            Some(ProxyOptions {
-                addr,
-                token,
-                upstream: proxy.upstream.clone(),
-                upstream_key,
-            })
-        }
-        None => None,
-    };
+    let tcp = tcp_options(args, &config)?;
+    let proxy = proxy_options(&config)?;
     if config.watch.is_empty() {
         tracing::warn!(
             "nothing to watch: add files or folders with `memctl watch add PATH`, then \
@@ -107,34 +57,7 @@ pub fn run(global: &Settings, args: &DaemonRunArgs) -> Result<()> {
 
     // The engine thread owns the model for the daemon's whole life.
     let (engine, requests) = EngineHandle::channel();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    {
-        let (global, run, store) = (global.clone(), args.run.clone(), store.clone());
-        std::thread::Builder::new()
-            .name("memagent-engine".into())
-            .spawn(move || {
-                let served = (|| -> Result<()> {
-                    let backend = ModelBackend::open(&global, &run.backend)?;
-                    let (model, sha) = backend.identity()?;
-                    let writer = backend.writer(&run.profile)?;
-                    let embedder = backend.writer_embedder(&global, &run.profile)?;
-                    backend.with_agent(&run, |agent| {
-                        agent.budget("")?;
-                        let _ = ready_tx.send(Ok((model.clone(), agent.profile)));
-                        let ingestor = memagent_memory::Ingestor::new(&store, agent, &model, &sha)
-                            .with_writer(writer, embedder.as_deref());
-                        memagent_watcher::serve_engine(agent, &store, &ingestor, requests);
-                        Ok(())
-                    })
-                })();
-                if let Err(e) = served {
-                    let _ = ready_tx.send(Err(e));
-                }
-            })?;
-    }
-    let (model, profile) = ready_rx
-        .recv()
-        .context("the engine thread stopped before it was ready")??;
+    let (model, profile) = start_engine(global, args, &store, requests)?;
     tracing::info!(
         "model {model} ready: chunks of {} tokens, memory up to {} tokens; {} watches; \
          partial chunks read after {:.0}s idle",
@@ -163,6 +86,98 @@ pub fn run(global: &Settings, args: &DaemonRunArgs) -> Result<()> {
     };
     memagent_watcher::run(store, recall, engine, info, options)?;
     Ok(())
+}
+
+/// The API on TCP, when `--listen` or `daemon.listen` asks for it, with its bearer token.
+fn tcp_options(args: &DaemonRunArgs, config: &settings::ConfigFile) -> Result<Option<TcpOptions>> {
+    let Some(listen) = args.listen.as_ref().or(config.daemon.listen.as_ref()) else {
+        return Ok(None);
+    };
+    let addr = settings::listen_addr(listen).context("--listen")?;
+    let token = std::env::var(TOKEN_ENV)
+        .ok()
+        .filter(|t| !t.is_empty())
+        .or_else(|| config.daemon.token.clone())
+        .with_context(|| {
+            format!(
+                "the TCP listener needs a bearer token: set {TOKEN_ENV} or \
+                 `daemon.token` in the configuration file"
+            )
+        })?;
+    if !addr.ip().is_loopback() {
+        tracing::warn!("the API listens on {addr}, beyond this machine");
+    }
+    Ok(Some(TcpOptions { addr, token }))
+}
+
+/// The proxy, when the configuration file has a `[proxy]`, with its clients' token and
+/// the upstream's key.
+fn proxy_options(config: &settings::ConfigFile) -> Result<Option<ProxyOptions>> {
+    let Some(proxy) = &config.proxy else {
+        return Ok(None);
+    };
+    let addr = settings::listen_addr(&proxy.listen).context("proxy.listen")?;
+    let token = std::env::var(PROXY_TOKEN_ENV)
+        .ok()
+        .filter(|t| !t.is_empty())
+        .or_else(|| proxy.token.clone().filter(|t| !t.is_empty()))
+        .with_context(|| {
+            format!(
+                "the proxy needs a bearer token (its clients' API key): set \
+                 {PROXY_TOKEN_ENV} or `proxy.token` in the configuration file"
+            )
+        })?;
+    let upstream_key = match &proxy.upstream_api_key_env {
+        Some(name) => Some(
+            std::env::var(name)
+                .ok()
+                .filter(|k| !k.is_empty())
+                .with_context(|| format!("proxy.upstream_api_key_env: ${name} is not set"))?,
+        ),
+        None => None,
+    };
+    Ok(Some(ProxyOptions {
+        addr,
+        token,
+        upstream: proxy.upstream.clone(),
+        upstream_key,
+    }))
+}
+
+/// Starts the thread that owns the model and serves `requests` with it, and waits until
+/// the model is loaded: its name and profile, or why it could not start.
+fn start_engine(
+    global: &Settings,
+    args: &DaemonRunArgs,
+    store: &Arc<Store>,
+    requests: std::sync::mpsc::Receiver<memagent_watcher::Request>,
+) -> Result<(String, Profile)> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (global, run, store) = (global.clone(), args.run.clone(), store.clone());
+    std::thread::Builder::new()
+        .name("memagent-engine".into())
+        .spawn(move || {
+            let served = (|| -> Result<()> {
+                let backend = ModelBackend::open(&global, &run.backend)?;
+                let (model, sha) = backend.identity()?;
+                let writer = backend.writer(&run.profile)?;
+                let embedder = backend.writer_embedder(&global, &run.profile)?;
+                backend.with_agent(&run, |agent| {
+                    agent.budget("")?;
+                    let _ = ready_tx.send(Ok((model.clone(), agent.profile)));
+                    let ingestor = memagent_memory::Ingestor::new(&store, agent, &model, &sha)
+                        .with_writer(writer, embedder.as_deref());
+                    memagent_watcher::serve_engine(agent, &store, &ingestor, requests);
+                    Ok(())
+                })
+            })();
+            if let Err(e) = served {
+                let _ = ready_tx.send(Err(e));
+            }
+        })?;
+    ready_rx
+        .recv()
+        .context("the engine thread stopped before it was ready")?
 }
 
 pub fn status(global: &Settings, json: bool) -> Result<()> {

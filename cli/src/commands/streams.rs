@@ -20,45 +20,8 @@ fn open_store(global: &Settings, what: &str) -> Result<Store> {
 
 pub fn ingest(global: &Settings, args: &IngestArgs) -> Result<()> {
     let db = Db::open(global)?;
-    let (text, source) = match args.file.as_deref() {
-        Some(path) if path.as_os_str() != "-" => {
-            let text = super::read_document(Some(path))?;
-            let name = std::fs::canonicalize(path)
-                .unwrap_or_else(|_| path.to_path_buf())
-                .display()
-                .to_string();
-            (text, Some(name))
-        }
-        _ => (super::read_document(None)?, None),
-    };
-    let chat = match args.format {
-        IngestFormat::ChatJsonl => true,
-        IngestFormat::Text | IngestFormat::Markdown => false,
-        IngestFormat::Auto => source.as_deref().is_some_and(|s| s.ends_with(".jsonl")),
-    };
-    // A chat log becomes turns, as a watched one does; the turns' lines are kept.
-    let (text, turns) = match chat {
-        false => (text, Vec::new()),
-        true => {
-            let mut bytes = text.into_bytes();
-            if !bytes.ends_with(b"\n") {
-                bytes.push(b'\n');
-            }
-            let parsed = memagent_watcher::parse_chat(&bytes, 0);
-            let name = source.as_deref().unwrap_or("standard input");
-            for (line, reason) in &parsed.errors {
-                tracing::warn!("{name}:{line}: {reason}; line skipped");
-            }
-            if parsed.text.is_empty() && !parsed.errors.is_empty() {
-                bail!(
-                    "{name}: no line is a chat message ({} lines skipped); expected one \
-                     {{\"role\": …, \"content\": …}} object per line, or pass --format text",
-                    parsed.errors.len()
-                );
-            }
-            (parsed.text, parsed.turns)
-        }
-    };
+    let (text, source) = read_input(args)?;
+    let (text, turns) = turns_of(args, text, source.as_deref())?;
     let store = match db {
         Db::Local(store) => store,
         // The daemon appends it and reads it into memory on its own schedule.
@@ -100,30 +63,10 @@ pub fn ingest(global: &Settings, args: &IngestArgs) -> Result<()> {
         args.stream,
         appended.log_len
     );
-    let mut steps = Vec::new();
-    let stream = store.require(&args.stream)?;
-    let start = store.cursor(&stream, GENERAL)?.offset;
-    // Nothing pending: no need to load the model.
-    if !args.no_process && stream.log_len > start {
-        let backend = ModelBackend::open(global, &args.run.backend)?;
-        let bar = super::progress_bar(
-            !global.quiet && !args.json && std::io::stderr().is_terminal(),
-            "{spinner} [{bar:30}] {bytes}/{total_bytes} {msg} · ETA {eta}",
-        );
-        if let Some(bar) = &bar {
-            bar.set_length(stream.log_len - start);
-        }
-        steps = read_pending(global, &store, &backend, &args.run, &args.stream, |step| {
-            if let Some(bar) = &bar {
-                bar.set_position(step.chunk.end - start);
-                bar.set_message(format!("memory v{}", step.version.version));
-            }
-            tracing::info!("{step}");
-        })?;
-        if let Some(bar) = bar {
-            bar.finish_and_clear();
-        }
-    }
+    let steps = match args.no_process {
+        true => Vec::new(),
+        false => read_with_progress(global, &store, args)?,
+    };
     let stream = store.require(&args.stream)?;
     let cursor = store.cursor(&stream, GENERAL)?;
     if args.json {
@@ -151,6 +94,88 @@ pub fn ingest(global: &Settings, args: &IngestArgs) -> Result<()> {
         stream.log_len - cursor.offset
     )?;
     Ok(())
+}
+
+/// The text to ingest (a file, or standard input for none or `-`) and the file's name.
+fn read_input(args: &IngestArgs) -> Result<(String, Option<String>)> {
+    Ok(match args.file.as_deref() {
+        Some(path) if path.as_os_str() != "-" => {
+            let text = super::read_document(Some(path))?;
+            let name = std::fs::canonicalize(path)
+                .unwrap_or_else(|_| path.to_path_buf())
+                .display()
+                .to_string();
+            (text, Some(name))
+        }
+        _ => (super::read_document(None)?, None),
+    })
+}
+
+/// A chat log's text as turns, as a watched one becomes (the turns' lines are kept);
+/// other text as it is.
+fn turns_of(
+    args: &IngestArgs,
+    text: String,
+    source: Option<&str>,
+) -> Result<(String, Vec<(u64, u64)>)> {
+    let chat = match args.format {
+        IngestFormat::ChatJsonl => true,
+        IngestFormat::Text | IngestFormat::Markdown => false,
+        IngestFormat::Auto => source.is_some_and(|s| s.ends_with(".jsonl")),
+    };
+    if !chat {
+        return Ok((text, Vec::new()));
+    }
+    let mut bytes = text.into_bytes();
+    if !bytes.ends_with(b"\n") {
+        bytes.push(b'\n');
+    }
+    let parsed = memagent_watcher::parse_chat(&bytes, 0);
+    let name = source.unwrap_or("standard input");
+    for (line, reason) in &parsed.errors {
+        tracing::warn!("{name}:{line}: {reason}; line skipped");
+    }
+    if parsed.text.is_empty() && !parsed.errors.is_empty() {
+        bail!(
+            "{name}: no line is a chat message ({} lines skipped); expected one \
+             {{\"role\": …, \"content\": …}} object per line, or pass --format text",
+            parsed.errors.len()
+        );
+    }
+    Ok((parsed.text, parsed.turns))
+}
+
+/// Reads what is pending of the ingested stream into memory, with a progress bar on a
+/// terminal; the model loads only when something is pending.
+fn read_with_progress(
+    global: &Settings,
+    store: &Store,
+    args: &IngestArgs,
+) -> Result<Vec<StepOutcome>> {
+    let stream = store.require(&args.stream)?;
+    let start = store.cursor(&stream, GENERAL)?.offset;
+    if stream.log_len <= start {
+        return Ok(Vec::new());
+    }
+    let backend = ModelBackend::open(global, &args.run.backend)?;
+    let bar = super::progress_bar(
+        !global.quiet && !args.json && std::io::stderr().is_terminal(),
+        "{spinner} [{bar:30}] {bytes}/{total_bytes} {msg} · ETA {eta}",
+    );
+    if let Some(bar) = &bar {
+        bar.set_length(stream.log_len - start);
+    }
+    let steps = read_pending(global, store, &backend, &args.run, &args.stream, |step| {
+        if let Some(bar) = &bar {
+            bar.set_position(step.chunk.end - start);
+            bar.set_message(format!("memory v{}", step.version.version));
+        }
+        tracing::info!("{step}");
+    })?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    Ok(steps)
 }
 
 /// Reads every pending chunk of `stream` into its general memory, each step committed

@@ -53,21 +53,22 @@ fn test_split() -> EvalSplit {
     EvalSplit::Test
 }
 
+/// What makes a sample's result: task, length, seed, mode, model, chunk and memory
+/// tokens, whether it read through the store, split.
+type RecordKey = (
+    Task,
+    usize,
+    u64,
+    String,
+    String,
+    usize,
+    usize,
+    bool,
+    EvalSplit,
+);
+
 impl Record {
-    #[allow(clippy::type_complexity)]
-    fn key(
-        &self,
-    ) -> (
-        Task,
-        usize,
-        u64,
-        String,
-        String,
-        usize,
-        usize,
-        bool,
-        EvalSplit,
-    ) {
+    fn key(&self) -> RecordKey {
         (
             self.task,
             self.length,
@@ -127,6 +128,161 @@ pub fn run(global: &Settings, args: &BenchRulerArgs) -> Result<()> {
         .iter()
         .map(|t| t.parse::<Task>())
         .collect::<Result<_, _>>()?;
+    check_modes(args)?;
+    if args.samples == 0 || args.lengths.is_empty() || tasks.is_empty() {
+        bail!("nothing to run: --tasks, --lengths and --samples must be non-empty");
+    }
+    let (qa, haystack, searcher) = inputs(global, args, &tasks)?;
+    let (records, done, file) = open_results(args)?;
+
+    // The database is opened before the model: a daemon holding it is reported at once.
+    let store = match &args.stream {
+        Some(_) => Some(crate::commands::db::Db::open(global)?.local("bench ruler --stream")?),
+        None => None,
+    };
+    let backend = crate::commands::ModelBackend::open(global, &args.run.backend)?;
+    let (model, model_sha256) = backend.identity()?;
+    let profile = backend.profile(&args.run.profile)?;
+    let mut saved = Saved {
+        file,
+        records,
+        total: tasks.len() * args.lengths.len() * args.samples * args.modes.len(),
+        skipped: 0,
+        ran: 0,
+        started: Instant::now(),
+    };
+    backend.with_agent(&args.run, |agent| {
+        let stored = match (&store, &args.stream) {
+            (Some(store), Some(prefix)) => Some(Stored {
+                store,
+                ingestor: Ingestor::new(store, agent, model.clone(), model_sha256.clone()),
+                model: &model,
+                prefix,
+                fresh: args.fresh,
+            }),
+            _ => None,
+        };
+        let sources = Sources {
+            haystack: &haystack,
+            tokenizer: agent.tokenizer(),
+            qa: &qa,
+        };
+        // Streams whose documents were read in this run (`--fresh` starts each over once).
+        let mut ingested = HashSet::new();
+        for &length in &args.lengths {
+            for &task in &tasks {
+                // A sample's modes share its document, and `memory` and `evidence` its loop.
+                let mut samples: BTreeMap<u64, RulerSample> = BTreeMap::new();
+                let mut loops: BTreeMap<u64, Loop> = BTreeMap::new();
+                for mode in &args.modes {
+                    let mut pending = Vec::new();
+                    for i in 0..args.samples {
+                        let blank = Record {
+                            seed: args.task_seed + i as u64,
+                            ..blank_record(args, task, length, mode, &model, &profile)
+                        };
+                        let blank = Record {
+                            stream: match (&stored, mode.as_str()) {
+                                (Some(s), "memory" | "general") => Some(s.name(&blank)),
+                                _ => None,
+                            },
+                            ..blank
+                        };
+                        if done.contains(&blank.key()) {
+                            saved.skipped += 1;
+                        } else {
+                            pending.push(blank);
+                        }
+                    }
+                    // Samples of a mode go `--batch` at a time (the direct mode one by one).
+                    for group in pending.chunks(usize::from(args.batch)) {
+                        for blank in group {
+                            if let std::collections::btree_map::Entry::Vacant(slot) =
+                                samples.entry(blank.seed)
+                            {
+                                slot.insert(generate_split(
+                                    &sources, task, length, blank.seed, args.split,
+                                )?);
+                            }
+                        }
+                        let group: Vec<(&RulerSample, Record)> = group
+                            .iter()
+                            .map(|blank| (&samples[&blank.seed], blank.clone()))
+                            .collect();
+                        let finished = match &stored {
+                            Some(stored) if mode != "direct" => {
+                                stored.run(agent, group, &mut ingested)?
+                            }
+                            _ => run_group(agent, group, &searcher, &mut loops)?,
+                        };
+                        for record in finished {
+                            saved.keep(record)?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    })?;
+    let Saved {
+        records,
+        ran,
+        skipped,
+        ..
+    } = saved;
+    if skipped > 0 {
+        eprintln!("{skipped} samples were done already (results.jsonl); --fresh starts over");
+    }
+    // The report covers this run's tasks, lengths, modes and profile.
+    let report = reported(records, args, &tasks, &model, &profile);
+    let source = format!("{} ({} split)", haystack.source(), args.split);
+    write_report(&args.out, &report, &model, &profile, &source)?;
+    println!(
+        "{ran} samples run, {skipped} resumed; report in {}",
+        args.out.join("report.md").display()
+    );
+    print!("{}", std::fs::read_to_string(args.out.join("report.md"))?);
+    Ok(())
+}
+
+/// The results of a run as they come: appended to results.jsonl at once, and counted.
+struct Saved {
+    file: std::fs::File,
+    records: Vec<Record>,
+    total: usize,
+    skipped: usize,
+    ran: usize,
+    started: Instant,
+}
+
+impl Saved {
+    /// Says how the sample went, and keeps its record.
+    fn keep(&mut self, record: Record) -> Result<()> {
+        self.ran += 1;
+        eprintln!(
+            "[{}/{}] {} {} seed {} {}: {} ({:.1}s; {:.0}s so far)",
+            self.skipped + self.ran,
+            self.total,
+            record.task,
+            record.length,
+            record.seed,
+            record.mode,
+            record
+                .score
+                .map_or("n/a".to_string(), |s| format!("{:.0}%", s * 100.0)),
+            record.seconds,
+            self.started.elapsed().as_secs_f64()
+        );
+        serde_json::to_writer(&mut self.file, &record)?;
+        writeln!(self.file)?;
+        self.file.flush()?;
+        self.records.push(record);
+        Ok(())
+    }
+}
+
+/// Every mode of `--modes` is known and fits `--stream` (given or not).
+fn check_modes(args: &BenchRulerArgs) -> Result<()> {
     for mode in &args.modes {
         match mode.as_str() {
             "memory" | "direct" => {}
@@ -143,9 +299,16 @@ pub fn run(global: &Settings, args: &BenchRulerArgs) -> Result<()> {
             ),
         }
     }
-    if args.samples == 0 || args.lengths.is_empty() || tasks.is_empty() {
-        bail!("nothing to run: --tasks, --lengths and --samples must be non-empty");
-    }
+    Ok(())
+}
+
+/// The run's inputs: the qa items (for the qa task), the filler, and how the evidence
+/// modes search.
+fn inputs(
+    global: &Settings,
+    args: &BenchRulerArgs,
+    tasks: &[Task],
+) -> Result<(Vec<QaItem>, memagent_tasks::Haystack, Searcher)> {
     let qa = match &args.qa {
         Some(path) => read_qa(path)?,
         None if tasks.contains(&Task::Qa) => {
@@ -174,140 +337,72 @@ pub fn run(global: &Settings, args: &BenchRulerArgs) -> Result<()> {
         k: args.passages,
         budget: args.evidence_tokens,
     };
+    Ok((qa, haystack, searcher))
+}
+
+/// The results so far (`--out`/results.jsonl, emptied by `--fresh`), the keys of those
+/// done, and the file opened to append new ones.
+fn open_results(args: &BenchRulerArgs) -> Result<(Vec<Record>, HashSet<RecordKey>, std::fs::File)> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
     let saved_path = args.out.join("results.jsonl");
     if args.fresh {
         let _ = std::fs::remove_file(&saved_path);
     }
-    let mut records = load(&saved_path)?;
+    let records = load(&saved_path)?;
     let done: HashSet<_> = records.iter().map(Record::key).collect();
-    let mut saved = std::fs::OpenOptions::new()
+    let saved = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(&saved_path)
         .with_context(|| format!("cannot write {}", saved_path.display()))?;
 
-    // The database is opened before the model: a daemon holding it is reported at once.
-    let store = match &args.stream {
-        Some(_) => Some(crate::commands::db::Db::open(global)?.local("bench ruler --stream")?),
-        None => None,
-    };
-    let backend = crate::commands::ModelBackend::open(global, &args.run.backend)?;
-    let (model, model_sha256) = backend.identity()?;
-    let profile = backend.profile(&args.run.profile)?;
-    let total = tasks.len() * args.lengths.len() * args.samples * args.modes.len();
-    let mut skipped = 0;
-    let mut ran = 0;
-    let started = Instant::now();
-    backend.with_agent(&args.run, |agent| {
-        let stored = match (&store, &args.stream) {
-            (Some(store), Some(prefix)) => Some(Stored {
-                store,
-                ingestor: Ingestor::new(store, agent, model.clone(), model_sha256.clone()),
-                model: &model,
-                prefix,
-                fresh: args.fresh,
-            }),
-            _ => None,
-        };
-        let sources = Sources {
-            haystack: &haystack,
-            tokenizer: agent.tokenizer(),
-            qa: &qa,
-        };
-        // Streams whose documents were read in this run (`--fresh` starts each over once).
-        let mut ingested = HashSet::new();
-        for &length in &args.lengths {
-            for &task in &tasks {
-                // A sample's modes share its document, and `memory` and `evidence` its loop.
-                let mut samples: BTreeMap<u64, RulerSample> = BTreeMap::new();
-                let mut loops: BTreeMap<u64, Loop> = BTreeMap::new();
-                for mode in &args.modes {
-                    let mut pending = Vec::new();
-                    for i in 0..args.samples {
-                        let blank = Record {
-                            task,
-                            length,
-                            seed: args.task_seed + i as u64,
-                            mode: mode.clone(),
-                            model: model.clone(),
-                            chunk_tokens: profile.chunk_tokens,
-                            memory_tokens: profile.memory_tokens,
-                            tokens: 0,
-                            question: String::new(),
-                            expected: Vec::new(),
-                            answer: None,
-                            score: None,
-                            f1: None,
-                            exact: None,
-                            depths: Vec::new(),
-                            steps: 0,
-                            seconds: 0.0,
-                            stream: None,
-                            split: args.split,
-                        };
-                        let blank = Record {
-                            stream: match (&stored, mode.as_str()) {
-                                (Some(s), "memory" | "general") => Some(s.name(&blank)),
-                                _ => None,
-                            },
-                            ..blank
-                        };
-                        if done.contains(&blank.key()) {
-                            skipped += 1;
-                        } else {
-                            pending.push(blank);
-                        }
-                    }
-                    // Samples of a mode go `--batch` at a time (the direct mode one by one).
-                    for group in pending.chunks(usize::from(args.batch)) {
-                        for blank in group {
-                            if let std::collections::btree_map::Entry::Vacant(slot) =
-                                samples.entry(blank.seed)
-                            {
-                                slot.insert(generate_split(
-                                    &sources, task, length, blank.seed, args.split,
-                                )?);
-                            }
-                        }
-                        let group: Vec<(&RulerSample, Record)> = group
-                            .iter()
-                            .map(|blank| (&samples[&blank.seed], blank.clone()))
-                            .collect();
-                        let finished = match &stored {
-                            Some(stored) if mode != "direct" => {
-                                stored.run(agent, group, &mut ingested)?
-                            }
-                            _ => run_group(agent, group, &searcher, &mut loops)?,
-                        };
-                        for record in finished {
-                            ran += 1;
-                            eprintln!(
-                                "[{}/{total}] {task} {length} seed {} {mode}: {} ({:.1}s; {:.0}s so far)",
-                                skipped + ran,
-                                record.seed,
-                                record.score.map_or("n/a".to_string(), |s| format!("{:.0}%", s * 100.0)),
-                                record.seconds,
-                                started.elapsed().as_secs_f64()
-                            );
-                            serde_json::to_writer(&mut saved, &record)?;
-                            writeln!(saved)?;
-                            saved.flush()?;
-                            records.push(record);
-                        }
-                    }
-                }
-            }
-        }
-        Ok(())
-    })?;
-    if skipped > 0 {
-        eprintln!("{skipped} samples were done already (results.jsonl); --fresh starts over");
+    Ok((records, done, saved))
+}
+
+/// A sample's record before it runs (its seed set by the caller).
+fn blank_record(
+    args: &BenchRulerArgs,
+    task: Task,
+    length: usize,
+    mode: &str,
+    model: &str,
+    profile: &memagent_agent::Profile,
+) -> Record {
+    Record {
+        task,
+        length,
+        seed: args.task_seed,
+        mode: mode.to_string(),
+        model: model.to_string(),
+        chunk_tokens: profile.chunk_tokens,
+        memory_tokens: profile.memory_tokens,
+        tokens: 0,
+        question: String::new(),
+        expected: Vec::new(),
+        answer: None,
+        score: None,
+        f1: None,
+        exact: None,
+        depths: Vec::new(),
+        steps: 0,
+        seconds: 0.0,
+        stream: None,
+        split: args.split,
     }
-    // The report covers this run's tasks, lengths, modes and profile.
+}
+
+/// The records this run reports: its tasks, lengths, modes, seeds, model, profile,
+/// store use and split.
+fn reported(
+    records: Vec<Record>,
+    args: &BenchRulerArgs,
+    tasks: &[Task],
+    model: &str,
+    profile: &memagent_agent::Profile,
+) -> Vec<Record> {
     let wanted: BTreeSet<_> = tasks.iter().copied().collect();
-    let report: Vec<Record> = records
+    records
         .into_iter()
         .filter(|r| {
             wanted.contains(&r.task)
@@ -321,15 +416,7 @@ pub fn run(global: &Settings, args: &BenchRulerArgs) -> Result<()> {
                 && (r.mode == "direct" || r.stream.is_some() == args.stream.is_some())
                 && r.split == args.split
         })
-        .collect();
-    let source = format!("{} ({} split)", haystack.source(), args.split);
-    write_report(&args.out, &report, &model, &profile, &source)?;
-    println!(
-        "{ran} samples run, {skipped} resumed; report in {}",
-        args.out.join("report.md").display()
-    );
-    print!("{}", std::fs::read_to_string(args.out.join("report.md"))?);
-    Ok(())
+        .collect()
 }
 
 /// How the evidence modes search a document.

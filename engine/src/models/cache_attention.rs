@@ -73,6 +73,84 @@ thread_local! {
     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// The dimensions of a call, checked: batch, query heads, key/value heads, queries,
+/// head width, the query's offset in its storage, and the strides of keys and values.
+struct Shapes {
+    b: usize,
+    n_head: usize,
+    n_kv: usize,
+    t: usize,
+    d: usize,
+    q0: usize,
+    kst: Vec<usize>,
+    vst: Vec<usize>,
+}
+
+impl CacheAttention {
+    /// Checks that the query, keys and values fit this op: shapes that agree, a
+    /// contiguous query, and cache rows of `d` contiguous values (keys and values may be
+    /// views of a longer cache: positions d apart, heads strided).
+    fn shapes(&self, ql: &Layout, kl: &Layout, vl: &Layout) -> candle_core::Result<Shapes> {
+        let (b, n_head, t, d) = ql.shape().dims4()?;
+        let (kb, n_kv, keys, kd) = kl.shape().dims4()?;
+        if kb != b || kd != d || vl.shape() != kl.shape() || n_kv == 0 || n_head % n_kv != 0 {
+            candle_core::bail!(
+                "cache-attention: q {:?} does not match k {:?} / v {:?}",
+                ql.dims(),
+                kl.dims(),
+                vl.dims()
+            )
+        }
+        if !self.applies(n_head / n_kv, t, d) || self.offset + t != keys {
+            candle_core::bail!("cache-attention: {t} queries of {d} against {keys} keys")
+        }
+        let Some((q0, _)) = ql.contiguous_offsets() else {
+            candle_core::bail!("cache-attention expects a contiguous query")
+        };
+        let (kst, vst) = (kl.stride().to_vec(), vl.stride().to_vec());
+        if kst[3] != 1 || vst[3] != 1 || kst[2] != d || vst[2] != d {
+            candle_core::bail!("cache-attention expects cache rows of {d} contiguous values")
+        }
+        Ok(Shapes {
+            b,
+            n_head,
+            n_kv,
+            t,
+            d,
+            q0,
+            kst,
+            vst,
+        })
+    }
+}
+
+/// The scores of every head's `rows` queries (`queries`, head after head) against its
+/// first `keys` keys (head h's start at `k_at[h]` in `k`), written to the scores at
+/// `scores_ptr` (head h's rows from `h * rows * keys`), one work item per chunk of keys.
+fn score_chunks(
+    queries: &[f32],
+    k: &[f32],
+    k_at: &[usize],
+    (rows, keys, d): (usize, usize, usize),
+    scores_ptr: usize,
+) {
+    let chunks = keys.div_ceil(KEY_CHUNK);
+    super::pool::for_chunks(k_at.len() * chunks, |range| {
+        for unit in range {
+            let (h, chunk) = (unit / chunks, unit % chunks);
+            let from = chunk * KEY_CHUNK;
+            let to = keys.min(from + KEY_CHUNK);
+            let query = &queries[h * rows * d..(h + 1) * rows * d];
+            let at = k_at[h];
+            // SAFETY: each unit writes columns from..to of its own head's rows.
+            unsafe {
+                let dst = (scores_ptr as *mut f32).add(h * rows * keys);
+                avx2::score_chunk(query, &k[at..at + keys * d], d, from..to, dst, keys);
+            }
+        }
+    });
+}
+
 impl CustomOp3 for CacheAttention {
     fn name(&self) -> &'static str {
         "cache-attention"
@@ -90,28 +168,17 @@ impl CustomOp3 for CacheAttention {
         let (CpuStorage::F32(q), CpuStorage::F32(k), CpuStorage::F32(v)) = (qs, ks, vs) else {
             candle_core::bail!("cache-attention expects f32 tensors")
         };
-        let (b, n_head, t, d) = ql.shape().dims4()?;
-        let (kb, n_kv, keys, kd) = kl.shape().dims4()?;
-        if kb != b || kd != d || vl.shape() != kl.shape() || n_kv == 0 || n_head % n_kv != 0 {
-            candle_core::bail!(
-                "cache-attention: q {:?} does not match k {:?} / v {:?}",
-                ql.dims(),
-                kl.dims(),
-                vl.dims()
-            )
-        }
+        let Shapes {
+            b,
+            n_head,
+            n_kv,
+            t,
+            d,
+            q0,
+            kst,
+            vst,
+        } = self.shapes(ql, kl, vl)?;
         let group = n_head / n_kv;
-        if !self.applies(group, t, d) || self.offset + t != keys {
-            candle_core::bail!("cache-attention: {t} queries of {d} against {keys} keys")
-        }
-        let Some((q0, _)) = ql.contiguous_offsets() else {
-            candle_core::bail!("cache-attention expects a contiguous query")
-        };
-        // Keys and values may be views of a longer cache: positions d apart, heads strided.
-        let (kst, vst) = (kl.stride(), vl.stride());
-        if kst[3] != 1 || vst[3] != 1 || kst[2] != d || vst[2] != d {
-            candle_core::bail!("cache-attention expects cache rows of {d} contiguous values")
-        }
         let heads = b * n_kv;
         let k_at = |h: usize| kl.start_offset() + h / n_kv * kst[0] + h % n_kv * kst[1];
         let v_at = |h: usize| vl.start_offset() + h / n_kv * vst[0] + h % n_kv * vst[1];
@@ -141,21 +208,8 @@ impl CustomOp3 for CacheAttention {
                 let scores_ptr = scores.as_mut_ptr() as usize;
 
                 // Scores: every key of a chunk against all rows of its head.
-                let chunks = keys.div_ceil(KEY_CHUNK);
-                super::pool::for_chunks(heads * chunks, |range| {
-                    for unit in range {
-                        let (h, chunk) = (unit / chunks, unit % chunks);
-                        let from = chunk * KEY_CHUNK;
-                        let to = keys.min(from + KEY_CHUNK);
-                        let query = &queries[h * rows * d..(h + 1) * rows * d];
-                        let at = k_at(h);
-                        // SAFETY: each unit writes columns from..to of its own head's rows.
-                        unsafe {
-                            let dst = (scores_ptr as *mut f32).add(h * rows * keys);
-                            avx2::score_chunk(query, &k[at..at + keys * d], d, from..to, dst, keys);
-                        }
-                    }
-                });
+                let at: Vec<usize> = (0..heads).map(k_at).collect();
+                score_chunks(&queries, k, &at, (rows, keys, d), scores_ptr);
 
                 // Causal softmax of every row, exactly as on the matmul path.
                 let first = self.offset + start;

@@ -165,133 +165,14 @@ impl Transformer {
         let norm = gguf
             .tensor("output_norm.weight", device)?
             .dequantize(device)?;
-        let mut blocks = Vec::with_capacity(config.n_layer);
-        for i in 0..config.n_layer {
-            let mut dense = |name: &str| -> Result<Tensor> {
-                Ok(gguf
-                    .tensor(&format!("blk.{i}.{name}"), device)?
-                    .dequantize(device)?)
-            };
-            let attn_norm = dense("attn_norm.weight")?;
-            let ffn_norm = dense("ffn_norm.weight")?;
-            let post_norms = match config.post_norms {
-                true => Some((
-                    dense("post_attention_norm.weight")?,
-                    dense("post_ffw_norm.weight")?,
-                )),
-                false => None,
-            };
-            let qk_norm = match config.qk_norm {
-                true => Some((dense("attn_q_norm.weight")?, dense("attn_k_norm.weight")?)),
-                false => None,
-            };
-            if let Some((qn, kn)) = &qk_norm {
-                if qn.dims() != [config.head_dim] || kn.dims() != [config.head_dim] {
-                    return Err(gguf.gguf_error(format!(
-                        "blk.{i}.attn_q_norm/attn_k_norm have shapes {:?} and {:?}, expected \
-                         ({},) each",
-                        qn.dims(),
-                        kn.dims(),
-                        config.head_dim
-                    )));
-                }
-            }
-            let (bq, bk, bv) = if config.qkv_bias {
-                (
-                    Some(dense("attn_q.bias")?),
-                    Some(dense("attn_k.bias")?),
-                    Some(dense("attn_v.bias")?),
-                )
-            } else {
-                (None, None, None)
-            };
-            // Files that fuse q/k/v (`attn_qkv`) or gate/up (`ffn_up` alone, gate first)
-            // hold the stacks this engine builds.
-            let fused_qkv = gguf.has_tensor(&format!("blk.{i}.attn_qkv.weight"));
-            let fused_gate_up = !gguf.has_tensor(&format!("blk.{i}.ffn_gate.weight"));
-            let mut weight = |name: &str| gguf.tensor(&format!("blk.{i}.{name}.weight"), device);
-            let (qkv, qkv_names) = match fused_qkv {
-                true => (vec![(weight("attn_qkv")?, None)], &["attn_qkv"][..]),
-                false => (
-                    vec![
-                        (weight("attn_q")?, bq),
-                        (weight("attn_k")?, bk),
-                        (weight("attn_v")?, bv),
-                    ],
-                    &["attn_q", "attn_k", "attn_v"][..],
-                ),
-            };
-            let (gate_up, gate_up_names) = match fused_gate_up {
-                true => (vec![(weight("ffn_up")?, None)], &["ffn_up"][..]),
-                false => (
-                    vec![(weight("ffn_gate")?, None), (weight("ffn_up")?, None)],
-                    &["ffn_gate", "ffn_up"][..],
-                ),
-            };
-            let rows = |parts: &[(QTensor, Option<Tensor>)]| -> usize {
-                parts.iter().map(|(w, _)| w.shape().dims()[0]).sum()
-            };
-            let want_qkv = (config.n_head + 2 * config.n_kv_head) * config.head_dim;
-            if rows(&qkv) != want_qkv || rows(&gate_up) != 2 * config.n_ff {
-                return Err(gguf.gguf_error(format!(
-                    "blk.{i}: q/k/v projections have {} rows and gate/up {}, expected {want_qkv} \
-                     and {}",
-                    rows(&qkv),
-                    rows(&gate_up),
-                    2 * config.n_ff
-                )));
-            }
-            let (wo, w_down) = (weight("attn_output")?, weight("ffn_down")?);
-            // An adapter stays beside the weights, so that one load serves both the calls
-            // it was trained for and the base model's: on the CPU its factors A and B sit
-            // beside the quantized weights; on a GPU each projection keeps W and W + B A
-            // in f32, both made on the CPU (see `Linear::dense_pair`).
-            let cpu = &Device::Cpu;
-            let layer = |parts: Vec<(QTensor, Option<Tensor>)>, names: &[&str]| -> Result<Linear> {
-                let Some(adapter) = adapter else {
-                    return Linear::fused(parts, plan, device);
-                };
-                if device.is_cpu() {
-                    let rows: Vec<usize> = parts.iter().map(|(w, _)| w.shape().dims()[0]).collect();
-                    let k = parts[0].0.shape().dims()[1];
-                    let updates = names
-                        .iter()
-                        .map(|name| adapter.low_rank(i, name))
-                        .collect::<Result<Vec<_>>>()?;
-                    let update = LowRank::new(k, &rows, updates)?;
-                    return Ok(Linear::fused(parts, plan, device)?.with_low_rank(update));
-                }
-                let bias = super::linear::fused_bias(&parts, device)?;
-                let (mut base, mut merged) = (Vec::new(), Vec::new());
-                for ((w, _), name) in parts.iter().zip(names) {
-                    let w = w.dequantize(cpu)?;
-                    merged.push(match adapter.delta(i, name, cpu)? {
-                        Some(delta) => (&w + delta)?,
-                        None => w.clone(),
-                    });
-                    base.push(w);
-                }
-                Linear::dense_pair(
-                    Tensor::cat(&base, 0)?,
-                    Tensor::cat(&merged, 0)?,
-                    bias,
-                    device,
-                )
-            };
-            let wo = vec![(wo, None)];
-            let w_down = vec![(w_down, None)];
-            let block = Block {
-                attn_norm,
-                ffn_norm,
-                qk_norm,
-                post_norms,
-                wqkv: layer(qkv, qkv_names)?,
-                wo: layer(wo, &["attn_output"])?,
-                w_gate_up: layer(gate_up, gate_up_names)?,
-                w_down: layer(w_down, &["ffn_down"])?,
-            };
-            blocks.push(block);
-        }
+        let loading = Loading {
+            plan,
+            adapter,
+            device,
+        };
+        let blocks = (0..config.n_layer)
+            .map(|i| load_block(gguf, &config, i, &loading))
+            .collect::<Result<Vec<_>>>()?;
         let rope = Rope::new(config.rope_theta, config.rope_freq_scale, config.head_dim);
         let local_rope = config
             .sliding_window
@@ -771,6 +652,188 @@ impl Rope {
         let angles = Tensor::from_vec(angles, (len, self.inv_freq.len()), device)?;
         Ok((angles.cos()?, angles.sin()?))
     }
+}
+
+/// How a block's projections are loaded: the weight plan, the adapter kept beside them,
+/// the device.
+struct Loading<'a> {
+    plan: WeightPlan,
+    adapter: Option<&'a crate::adapter::Adapter>,
+    device: &'a Device,
+}
+
+/// Block `i` of a llama-like GGUF file: its norms, then its projections (fused as the
+/// engine runs them), each with the adapter's update where there is one.
+fn load_block(
+    gguf: &mut GgufFile,
+    config: &Config,
+    i: usize,
+    loading: &Loading<'_>,
+) -> Result<Block> {
+    let device = loading.device;
+    let mut dense = |name: &str| -> Result<Tensor> {
+        Ok(gguf
+            .tensor(&format!("blk.{i}.{name}"), device)?
+            .dequantize(device)?)
+    };
+    let attn_norm = dense("attn_norm.weight")?;
+    let ffn_norm = dense("ffn_norm.weight")?;
+    let post_norms = match config.post_norms {
+        true => Some((
+            dense("post_attention_norm.weight")?,
+            dense("post_ffw_norm.weight")?,
+        )),
+        false => None,
+    };
+    let qk_norm = match config.qk_norm {
+        true => Some((dense("attn_q_norm.weight")?, dense("attn_k_norm.weight")?)),
+        false => None,
+    };
+    if let Some((qn, kn)) = &qk_norm {
+        if qn.dims() != [config.head_dim] || kn.dims() != [config.head_dim] {
+            return Err(gguf.gguf_error(format!(
+                "blk.{i}.attn_q_norm/attn_k_norm have shapes {:?} and {:?}, expected \
+                 ({},) each",
+                qn.dims(),
+                kn.dims(),
+                config.head_dim
+            )));
+        }
+    }
+    let biases = match config.qkv_bias {
+        true => Some([
+            dense("attn_q.bias")?,
+            dense("attn_k.bias")?,
+            dense("attn_v.bias")?,
+        ]),
+        false => None,
+    };
+    let p = Projections::load(gguf, config, i, biases, device)?;
+    let layer = |parts, names: &[&str]| adapted_linear(loading, i, parts, names);
+    Ok(Block {
+        attn_norm,
+        ffn_norm,
+        qk_norm,
+        post_norms,
+        wqkv: layer(p.qkv, p.qkv_names)?,
+        wo: layer(vec![(p.wo, None)], &["attn_output"])?,
+        w_gate_up: layer(p.gate_up, p.gate_up_names)?,
+        w_down: layer(vec![(p.w_down, None)], &["ffn_down"])?,
+    })
+}
+
+/// A block's quantized projections, with the names the file (and an adapter) gives
+/// them.
+struct Projections {
+    qkv: Vec<(QTensor, Option<Tensor>)>,
+    qkv_names: &'static [&'static str],
+    gate_up: Vec<(QTensor, Option<Tensor>)>,
+    gate_up_names: &'static [&'static str],
+    wo: QTensor,
+    w_down: QTensor,
+}
+
+impl Projections {
+    /// Block `i`'s projections; files that fuse q/k/v (`attn_qkv`) or gate/up (`ffn_up`
+    /// alone, gate first) hold the stacks this engine builds.
+    fn load(
+        gguf: &mut GgufFile,
+        config: &Config,
+        i: usize,
+        biases: Option<[Tensor; 3]>,
+        device: &Device,
+    ) -> Result<Self> {
+        let fused_qkv = gguf.has_tensor(&format!("blk.{i}.attn_qkv.weight"));
+        let fused_gate_up = !gguf.has_tensor(&format!("blk.{i}.ffn_gate.weight"));
+        let mut weight = |name: &str| gguf.tensor(&format!("blk.{i}.{name}.weight"), device);
+        let (qkv, qkv_names) = match (fused_qkv, biases) {
+            (true, _) => (vec![(weight("attn_qkv")?, None)], &["attn_qkv"][..]),
+            (false, biases) => {
+                let [bq, bk, bv] = biases.map_or([None, None, None], |b| b.map(Some));
+                (
+                    vec![
+                        (weight("attn_q")?, bq),
+                        (weight("attn_k")?, bk),
+                        (weight("attn_v")?, bv),
+                    ],
+                    &["attn_q", "attn_k", "attn_v"][..],
+                )
+            }
+        };
+        let (gate_up, gate_up_names) = match fused_gate_up {
+            true => (vec![(weight("ffn_up")?, None)], &["ffn_up"][..]),
+            false => (
+                vec![(weight("ffn_gate")?, None), (weight("ffn_up")?, None)],
+                &["ffn_gate", "ffn_up"][..],
+            ),
+        };
+        let (wo, w_down) = (weight("attn_output")?, weight("ffn_down")?);
+        let rows = |parts: &[(QTensor, Option<Tensor>)]| -> usize {
+            parts.iter().map(|(w, _)| w.shape().dims()[0]).sum()
+        };
+        let want_qkv = (config.n_head + 2 * config.n_kv_head) * config.head_dim;
+        if rows(&qkv) != want_qkv || rows(&gate_up) != 2 * config.n_ff {
+            return Err(gguf.gguf_error(format!(
+                "blk.{i}: q/k/v projections have {} rows and gate/up {}, expected {want_qkv} \
+                 and {}",
+                rows(&qkv),
+                rows(&gate_up),
+                2 * config.n_ff
+            )));
+        }
+        Ok(Self {
+            qkv,
+            qkv_names,
+            gate_up,
+            gate_up_names,
+            wo,
+            w_down,
+        })
+    }
+}
+
+/// A projection of block `i` (its `parts` stacked), with the adapter's update kept beside
+/// the weights, so that one load serves both the calls it was trained for and the base
+/// model's: on the CPU its factors A and B sit beside the quantized weights; on a GPU the
+/// projection keeps W and W + B A in f32, both made on the CPU (see
+/// `Linear::dense_pair`).
+fn adapted_linear(
+    loading: &Loading<'_>,
+    i: usize,
+    parts: Vec<(QTensor, Option<Tensor>)>,
+    names: &[&str],
+) -> Result<Linear> {
+    let (plan, device) = (loading.plan, loading.device);
+    let Some(adapter) = loading.adapter else {
+        return Linear::fused(parts, plan, device);
+    };
+    if device.is_cpu() {
+        let rows: Vec<usize> = parts.iter().map(|(w, _)| w.shape().dims()[0]).collect();
+        let k = parts[0].0.shape().dims()[1];
+        let updates = names
+            .iter()
+            .map(|name| adapter.low_rank(i, name))
+            .collect::<Result<Vec<_>>>()?;
+        let update = LowRank::new(k, &rows, updates)?;
+        return Ok(Linear::fused(parts, plan, device)?.with_low_rank(update));
+    }
+    let cpu = &Device::Cpu;
+    let bias = super::linear::fused_bias(&parts, device)?;
+    let (mut base, mut merged) = (Vec::new(), Vec::new());
+    for ((w, _), name) in parts.iter().zip(names) {
+        let w = w.dequantize(cpu)?;
+        merged.push(match adapter.delta(i, name, cpu)? {
+            Some(delta) => (&w + delta)?,
+            None => w.clone(),
+        });
+        base.push(w);
+    }
+    Linear::dense_pair(
+        Tensor::cat(&base, 0)?,
+        Tensor::cat(&merged, 0)?,
+        bias,
+        device,
+    )
 }
 
 #[cfg(test)]
