@@ -28,23 +28,18 @@ pub fn byte_chars() -> Vec<String> {
         .collect()
 }
 
-/// Writes a random-weight model of `arch` (`llama`, `qwen2`, `qwen3`, `phi3`, or any other name
-/// for a file of that architecture with llama's tensors) and returns its path. The
-/// weights come from a fixed seed: the same file every time, so that a reference's
-/// outputs for it can be committed.
-pub fn write_tiny_model(dir: &Path, arch: &str) -> PathBuf {
-    let dev = Device::Cpu;
-    let (n_embd, n_ff, n_head, n_kv, n_layer) = (64usize, 128usize, 4u32, 2u32, 2u32);
+/// The metadata of a tiny model of `arch` with these tokens, token types and sizes
+/// (width, feed-forward width, heads, key/value heads, layers).
+fn tiny_metadata(
+    arch: &str,
+    tokens: &[String],
+    types: &[i32],
+    (n_embd, n_ff, n_head, n_kv, n_layer): (usize, usize, u32, u32, u32),
+) -> Vec<(String, Value)> {
     let gemma = arch == "gemma3";
-    let mut tokens = byte_chars();
-    tokens.extend(["<|im_start|>", "<|im_end|>", "He", "ll", "Hell"].map(String::from));
-    let vocab = tokens.len();
-    let mut types = vec![1i32; vocab];
-    types[256] = 3;
-    types[257] = 3;
     let merges = ["H e", "l l", "He ll"];
     let p = |k: &str| format!("{arch}.{k}");
-    let meta: Vec<(String, Value)> = vec![
+    let mut meta: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::String(arch.into())),
         // A name without the architecture in it: llama.cpp adjusts tokens by name.
         (
@@ -98,7 +93,6 @@ pub fn write_tiny_model(dir: &Path, arch: &str) -> PathBuf {
             Value::String(TEMPLATE.into()),
         ),
     ];
-    let mut meta = meta;
     if gemma {
         // A window of 8 positions on the first layer (a pattern of 2: every second layer
         // global), so that the prompts' 30 tokens and their continuations pass it.
@@ -106,6 +100,24 @@ pub fn write_tiny_model(dir: &Path, arch: &str) -> PathBuf {
         meta.push((p("attention.sliding_window_pattern"), Value::U32(2)));
         meta.push((p("rope.freq_base_swa"), Value::F32(10_000.0)));
     }
+    meta
+}
+
+/// Writes a random-weight model of `arch` (`llama`, `qwen2`, `qwen3`, `phi3`, or any other name
+/// for a file of that architecture with llama's tensors) and returns its path. The
+/// weights come from a fixed seed: the same file every time, so that a reference's
+/// outputs for it can be committed.
+pub fn write_tiny_model(dir: &Path, arch: &str) -> PathBuf {
+    let dev = Device::Cpu;
+    let (n_embd, n_ff, n_head, n_kv, n_layer) = (64usize, 128usize, 4u32, 2u32, 2u32);
+    let gemma = arch == "gemma3";
+    let mut tokens = byte_chars();
+    tokens.extend(["<|im_start|>", "<|im_end|>", "He", "ll", "Hell"].map(String::from));
+    let vocab = tokens.len();
+    let mut types = vec![1i32; vocab];
+    types[256] = 3;
+    types[257] = 3;
+    let meta = tiny_metadata(arch, &tokens, &types, (n_embd, n_ff, n_head, n_kv, n_layer));
     let rng = std::cell::RefCell::new(<rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(7));
     let rand = |shape: &[usize], dtype: GgmlDType| {
         use rand::Rng;

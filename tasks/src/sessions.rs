@@ -224,20 +224,71 @@ pub fn session_chat(seed: u64, split: EvalSplit, sessions: usize) -> SessionSamp
     let sessions = sessions.max(4);
     let mut names: Vec<&str> = f.names.to_vec();
     names.shuffle(&mut rng);
-    let relation = |rng: &mut StdRng| *f.relations.choose(rng).expect("relations");
-    let pick = |rng: &mut StdRng, list: &[&str]| list.choose(rng).expect("values").to_string();
-    let other = |rng: &mut StdRng, list: &[&str], not: &str| loop {
+    let place = pick(&mut rng, f.places);
+    let facts = session_facts(f, &names, &place, &mut rng);
+    let messages = session_messages(f, &facts, sessions, &mut rng);
+    let mut questions: Vec<SessionQuestion> = facts
+        .iter()
+        .map(|fact| match &fact.new_value {
+            Some(nv) => SessionQuestion {
+                kind: QuestionKind::Changed,
+                question: fact.question.clone(),
+                expected: Some(nv.clone()),
+                stale: Some(fact.value.clone()),
+            },
+            None => SessionQuestion {
+                kind: QuestionKind::Stated,
+                question: fact.question.clone(),
+                expected: Some(fact.value.clone()),
+                stale: None,
+            },
+        })
+        .collect();
+    // Never said: the same questions about people who never came up.
+    for (i, form) in [f.lives[2], f.job[2]].iter().enumerate() {
+        let n = names[ATTRIBUTES.len() + i];
+        questions.push(SessionQuestion {
+            kind: QuestionKind::Unknown,
+            question: fill(form, n, relation(f, &mut rng), "", &place),
+            expected: None,
+            stale: None,
+        });
+    }
+    SessionSample {
+        seed,
+        split,
+        messages,
+        questions,
+    }
+}
+
+/// What each chat says of its people, in this order; two of them change later.
+const ATTRIBUTES: [&str; 5] = ["lives", "job", "pet", "wifi", "birthday"];
+
+fn relation(f: &Forms, rng: &mut StdRng) -> &'static str {
+    f.relations.choose(rng).expect("relations")
+}
+
+fn pick(rng: &mut StdRng, list: &[&str]) -> String {
+    list.choose(rng).expect("values").to_string()
+}
+
+/// A value of `list` other than `not`.
+fn other(rng: &mut StdRng, list: &[&str], not: &str) -> String {
+    loop {
         let v = pick(rng, list);
         if v != not {
             break v;
         }
-    };
+    }
+}
+
+/// A fact of each attribute, about the first names in order; every other one (but the
+/// birthday) changes later.
+fn session_facts(f: &Forms, names: &[&str], place: &str, rng: &mut StdRng) -> Vec<Fact> {
     let mut facts = Vec::new();
-    // Attributes in a shuffled order: two of them change later.
-    let place = pick(&mut rng, f.places);
-    let attributes = ["lives", "job", "pet", "wifi", "birthday"];
-    for (i, attribute) in attributes.iter().enumerate() {
-        let (n, r) = (names[i], relation(&mut rng));
+    for (i, attribute) in ATTRIBUTES.iter().enumerate() {
+        let (n, r) = (names[i], relation(f, rng));
         let (forms, values): (&[&str], &[&str]) = match *attribute {
             "lives" => (&f.lives, CITIES),
             "job" => (&f.job, JOBS),
@@ -248,33 +299,31 @@ pub fn session_chat(seed: u64, split: EvalSplit, sessions: usize) -> SessionSamp
             "birthday" => {
                 let v = format!(
                     "{} {}",
-                    MONTHS.choose(&mut rng).expect("months"),
+                    MONTHS.choose(rng).expect("months"),
                     rng.random_range(1..29)
                 );
                 Fact {
-                    statement: fill(f.birthday[0], n, r, &v, &place),
+                    statement: fill(f.birthday[0], n, r, &v, place),
                     change: None,
-                    question: fill(f.birthday[1], n, r, &v, &place),
+                    question: fill(f.birthday[1], n, r, &v, place),
                     value: v,
                     new_value: None,
                 }
             }
             _ => {
                 let v = match *attribute {
-                    "wifi" => code(&mut rng),
-                    _ => pick(&mut rng, values),
+                    "wifi" => code(rng),
+                    _ => pick(rng, values),
                 };
                 let changes = i % 2 == 0;
                 let new_value = changes.then(|| match *attribute {
-                    "wifi" => code(&mut rng),
-                    _ => other(&mut rng, values, &v),
+                    "wifi" => code(rng),
+                    _ => other(rng, values, &v),
                 });
                 Fact {
-                    statement: fill(forms[0], n, r, &v, &place),
-                    change: new_value
-                        .as_ref()
-                        .map(|nv| fill(forms[1], n, r, nv, &place)),
-                    question: fill(forms[2], n, r, &v, &place),
+                    statement: fill(forms[0], n, r, &v, place),
+                    change: new_value.as_ref().map(|nv| fill(forms[1], n, r, nv, place)),
+                    question: fill(forms[2], n, r, &v, place),
                     value: v,
                     new_value,
                 }
@@ -282,10 +331,15 @@ pub fn session_chat(seed: u64, split: EvalSplit, sessions: usize) -> SessionSamp
         };
         facts.push(fact);
     }
-    // Sessions: facts in the first half, changes in the second; small talk around them.
+    facts
+}
+
+/// The chat's messages: facts said in the first half of the sessions, changes in the
+/// second, small talk around them; each session's first message dated.
+fn session_messages(f: &Forms, facts: &[Fact], sessions: usize, rng: &mut StdRng) -> Vec<Message> {
     let half = sessions / 2;
     let mut plan: Vec<Vec<String>> = vec![Vec::new(); sessions];
-    for fact in &facts {
+    for fact in facts {
         plan[rng.random_range(0..half)].push(fact.statement.clone());
         if let Some(change) = &fact.change {
             plan[rng.random_range(half..sessions)].push(change.clone());
@@ -294,7 +348,7 @@ pub fn session_chat(seed: u64, split: EvalSplit, sessions: usize) -> SessionSamp
     let mut messages = Vec::new();
     for (s, said) in plan.iter_mut().enumerate() {
         let mut lines: Vec<String> = (0..rng.random_range(6..10))
-            .map(|_| pick(&mut rng, f.small_talk))
+            .map(|_| pick(rng, f.small_talk))
             .collect();
         for fact in said.drain(..) {
             let at = rng.random_range(0..=lines.len());
@@ -316,44 +370,12 @@ pub fn session_chat(seed: u64, split: EvalSplit, sessions: usize) -> SessionSamp
             });
             messages.push(Message {
                 role: "assistant".into(),
-                content: pick(&mut rng, ASSISTANT_REPLIES),
+                content: pick(rng, ASSISTANT_REPLIES),
                 timestamp: None,
             });
         }
     }
-    let mut questions: Vec<SessionQuestion> = facts
-        .iter()
-        .map(|fact| match &fact.new_value {
-            Some(nv) => SessionQuestion {
-                kind: QuestionKind::Changed,
-                question: fact.question.clone(),
-                expected: Some(nv.clone()),
-                stale: Some(fact.value.clone()),
-            },
-            None => SessionQuestion {
-                kind: QuestionKind::Stated,
-                question: fact.question.clone(),
-                expected: Some(fact.value.clone()),
-                stale: None,
-            },
-        })
-        .collect();
-    // Never said: the same questions about people who never came up.
-    for (i, form) in [f.lives[2], f.job[2]].iter().enumerate() {
-        let n = names[attributes.len() + i];
-        questions.push(SessionQuestion {
-            kind: QuestionKind::Unknown,
-            question: fill(form, n, relation(&mut rng), "", &place),
-            expected: None,
-            stale: None,
-        });
-    }
-    SessionSample {
-        seed,
-        split,
-        messages,
-        questions,
-    }
+    messages
 }
 
 /// Whether `answer` is right: it holds the expected value (and not the stale one), or,

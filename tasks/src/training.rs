@@ -1290,252 +1290,49 @@ fn question(
 ) -> Result<Trajectory> {
     let n_chunks = rng.random_range(1..=4usize);
     let kind = *p.kinds.choose(rng).expect("kinds");
-    let at = |rng: &mut StdRng| rng.random_range(0..n_chunks);
     let family = *QUESTION_FAMILIES.choose(rng).expect("families");
-    let mut plants: Vec<Plant> = Vec::new();
-    let fact = |key: &str, value: &str, rng: &mut StdRng| {
-        fill(
-            p.facts.choose(rng).expect("facts"),
-            &[("kind", kind), ("key", key), ("value", value)],
-        )
-    };
-    let distract = |plants: &mut Vec<Plant>, keys: &[&str], rng: &mut StdRng| {
-        for key in keys {
-            let v = value_of(kind, rng);
-            plants.push(Plant {
-                text: fact(key, &v, rng),
-                chunk: rng.random_range(0..n_chunks),
-                relevant: false,
-                replaces: None,
-            });
-        }
+    let mut pl = Planting {
+        p,
+        kind,
+        n_chunks,
+        plants: Vec::new(),
     };
     let (question, expected): (String, Vec<String>) = match family {
-        "single" | "multikey" => {
-            let keys = picks(p.keys, 4, rng);
-            let value = value_of(kind, rng);
-            plants.push(Plant {
-                text: fact(keys[0], &value, rng),
-                chunk: at(rng),
-                relevant: true,
-                replaces: None,
-            });
-            let n_distract = if family == "single" {
-                rng.random_range(0..=1)
-            } else {
-                rng.random_range(1..=3)
-            };
-            distract(&mut plants, &keys[1..=n_distract], rng);
-            (
-                fill(
-                    p.ask_one.choose(rng).expect("q"),
-                    &[("kind", kind), ("key", keys[0])],
-                ),
-                vec![value],
-            )
-        }
-        "multivalue" => {
-            let keys = picks(p.keys, 3, rng);
-            let n = rng.random_range(2..=4);
-            let mut values = Vec::new();
-            while values.len() < n {
-                let v = value_of(kind, rng);
-                if !values.contains(&v) {
-                    values.push(v);
-                }
-            }
-            for v in &values {
-                plants.push(Plant {
-                    text: fact(keys[0], v, rng),
-                    chunk: at(rng),
-                    relevant: true,
-                    replaces: None,
-                });
-            }
-            let nd = rng.random_range(0..=2);
-            distract(&mut plants, &keys[1..=nd], rng);
-            (
-                fill(
-                    p.ask_all.choose(rng).expect("q"),
-                    &[("kind", kind), ("key", keys[0])],
-                ),
-                values,
-            )
-        }
-        "multiquery" => {
-            let n = rng.random_range(2..=4);
-            let keys = picks(p.keys, n + 1, rng);
-            let mut values = Vec::new();
-            for key in &keys[..n] {
-                let v = value_of(kind, rng);
-                plants.push(Plant {
-                    text: fact(key, &v, rng),
-                    chunk: at(rng),
-                    relevant: true,
-                    replaces: None,
-                });
-                values.push(v);
-            }
-            if rng.random_bool(0.5) {
-                distract(&mut plants, &keys[n..], rng);
-            }
-            let list = match n {
-                2 => format!("{} and {}", keys[0], keys[1]),
-                _ => format!("{} and {}", keys[..n - 1].join(", "), keys[n - 1]),
-            };
-            (
-                fill(
-                    p.ask_many.choose(rng).expect("q"),
-                    &[("kind", kind), ("keys", &list)],
-                ),
-                values,
-            )
-        }
-        "update" => {
-            let keys = picks(p.keys, 3, rng);
-            let (old, new) = (value_of(kind, rng), value_of(kind, rng));
-            let first = rng.random_range(0..n_chunks);
-            let later = rng.random_range(first..n_chunks);
-            plants.push(Plant {
-                text: fact(keys[0], &old, rng),
-                chunk: first,
-                relevant: true,
-                replaces: Some(1),
-            });
-            let change = fill(
-                p.changes.choose(rng).expect("c"),
-                &[("kind", kind), ("key", keys[0]), ("value", &new)],
-            );
-            plants.push(Plant {
-                text: change,
-                chunk: later,
-                relevant: true,
-                replaces: None,
-            });
-            let nd = rng.random_range(0..=2);
-            distract(&mut plants, &keys[1..=nd], rng);
-            (
-                fill(
-                    p.ask_one.choose(rng).expect("q"),
-                    &[("kind", kind), ("key", keys[0])],
-                ),
-                vec![new],
-            )
-        }
-        "multihop" => {
-            let people = picks(p.people, 4, rng);
-            let places = picks(p.places, 2, rng);
-            let rel = *RELATIONS.choose(rng).expect("rel");
-            let link = |a: &str, b: &str, rng: &mut StdRng| {
-                fill(
-                    p.relation.choose(rng).expect("r"),
-                    &[("a", a), ("b", b), ("rel", rel)],
-                )
-            };
-            let home = |b: &str, place: &str, rng: &mut StdRng| {
-                fill(
-                    p.lives.choose(rng).expect("l"),
-                    &[("b", b), ("place", place)],
-                )
-            };
-            // people[0] is the rel of people[1]; people[0] lives in places[0].
-            let l1 = link(people[0], people[1], rng);
-            let l2 = home(people[0], places[0], rng);
-            plants.push(Plant {
-                text: l1,
-                chunk: at(rng),
-                relevant: true,
-                replaces: None,
-            });
-            plants.push(Plant {
-                text: l2,
-                chunk: at(rng),
-                relevant: true,
-                replaces: None,
-            });
-            if rng.random_bool(0.7) {
-                let d1 = link(people[2], people[3], rng);
-                let d2 = home(people[2], places[1], rng);
-                plants.push(Plant {
-                    text: d1,
-                    chunk: at(rng),
-                    relevant: false,
-                    replaces: None,
-                });
-                plants.push(Plant {
-                    text: d2,
-                    chunk: at(rng),
-                    relevant: false,
-                    replaces: None,
-                });
-            }
-            (
-                fill(
-                    p.ask_hop.choose(rng).expect("q"),
-                    &[("rel", rel), ("b2", people[1])],
-                ),
-                vec![places[0].to_string()],
-            )
-        }
-        _ => {
-            let names: Vec<String> = {
-                let mut set = BTreeSet::new();
-                let mut v = Vec::new();
-                while v.len() < 6 {
-                    let n: String = (0..5)
-                        .map(|_| (b'A' + rng.random_range(0..26u8)) as char)
-                        .collect();
-                    if set.insert(n.clone()) {
-                        v.push(n);
-                    }
-                }
-                v
-            };
-            let len = rng.random_range(2..=4);
-            let value = rng.random_range(10_000u32..100_000).to_string();
-            let (a, c) = (
-                *p.assign.choose(rng).expect("a"),
-                *p.copy.choose(rng).expect("c"),
-            );
-            let mut chunks: Vec<usize> = (0..len).map(|_| rng.random_range(0..n_chunks)).collect();
-            chunks.sort();
-            plants.push(Plant {
-                text: fill(a, &[("x", &names[0]), ("value", &value)]),
-                chunk: chunks[0],
-                relevant: true,
-                replaces: None,
-            });
-            for i in 1..len {
-                plants.push(Plant {
-                    text: fill(c, &[("y", &names[i]), ("x", &names[i - 1])]),
-                    chunk: chunks[i],
-                    relevant: true,
-                    replaces: None,
-                });
-            }
-            if rng.random_bool(0.6) {
-                let other = rng.random_range(10_000u32..100_000).to_string();
-                plants.push(Plant {
-                    text: fill(a, &[("x", &names[4]), ("value", &other)]),
-                    chunk: rng.random_range(0..n_chunks),
-                    relevant: false,
-                    replaces: None,
-                });
-                plants.push(Plant {
-                    text: fill(c, &[("y", &names[5]), ("x", &names[4])]),
-                    chunk: n_chunks - 1,
-                    relevant: false,
-                    replaces: None,
-                });
-            }
-            let expected = names[..len].to_vec();
-            (
-                fill(p.ask_vars.choose(rng).expect("q"), &[("value", &value)]),
-                expected,
-            )
-        }
+        "single" | "multikey" => pl.one_key(family, rng),
+        "multivalue" => pl.values_of_one_key(rng),
+        "multiquery" => pl.several_keys(rng),
+        "update" => pl.updated_value(rng),
+        "multihop" => pl.two_hops(rng),
+        _ => pl.variables(rng),
     };
-    // Chunks: filler with this chunk's plants at random depths (in plant order).
+    let plants = pl.plants;
+    let (steps, memory_lines) =
+        question_steps(tokenizer, config, haystack, &plants, n_chunks, rng)?;
+    let answer = format!("The answer is \\boxed{{{}}}.", expected.join(", "));
+    check_memory(tokenizer, config, &steps)?;
+    Ok(Trajectory {
+        mode: Mode::Question,
+        family,
+        filler: filler_name.to_string(),
+        question,
+        steps,
+        answer,
+        expected,
+        memory_lines,
+        fact_values: Vec::new(),
+    })
+}
+
+/// The chunks of a question trajectory: filler with each chunk's plants at random depths
+/// (in plant order), and the memory after each; with the memory's lines at the end.
+fn question_steps(
+    tokenizer: &dyn TextTokenizer,
+    config: &DataConfig,
+    haystack: &Haystack,
+    plants: &[Plant],
+    n_chunks: usize,
+    rng: &mut StdRng,
+) -> Result<(Vec<Step>, Vec<String>)> {
     let mut steps = Vec::with_capacity(n_chunks);
     let mut memory_lines: Vec<(usize, String)> = Vec::new();
     let mut memory = NO_MEMORY.to_string();
@@ -1585,19 +1382,257 @@ fn question(
             values: Vec::new(),
         });
     }
-    let answer = format!("The answer is \\boxed{{{}}}.", expected.join(", "));
-    check_memory(tokenizer, config, &steps)?;
-    Ok(Trajectory {
-        mode: Mode::Question,
-        family,
-        filler: filler_name.to_string(),
-        question,
-        steps,
-        answer,
-        expected,
-        memory_lines: memory_lines.into_iter().map(|(_, l)| l).collect(),
-        fact_values: Vec::new(),
-    })
+    Ok((steps, memory_lines.into_iter().map(|(_, l)| l).collect()))
+}
+
+/// A question trajectory's facts as they are planted: the patterns, the kind of value,
+/// the chunk count, and the plants so far.
+struct Planting<'a> {
+    p: &'a Patterns,
+    kind: &'a str,
+    n_chunks: usize,
+    plants: Vec<Plant>,
+}
+
+impl Planting<'_> {
+    /// A chunk at random.
+    fn at(&self, rng: &mut StdRng) -> usize {
+        rng.random_range(0..self.n_chunks)
+    }
+
+    fn fact(&self, key: &str, value: &str, rng: &mut StdRng) -> String {
+        fill(
+            self.p.facts.choose(rng).expect("facts"),
+            &[("kind", self.kind), ("key", key), ("value", value)],
+        )
+    }
+
+    fn plant(&mut self, text: String, chunk: usize, relevant: bool) {
+        self.plants.push(Plant {
+            text,
+            chunk,
+            relevant,
+            replaces: None,
+        });
+    }
+
+    /// A relevant fact of `key` in a random chunk.
+    fn relevant(&mut self, key: &str, value: &str, rng: &mut StdRng) {
+        let text = self.fact(key, value, rng);
+        let chunk = self.at(rng);
+        self.plant(text, chunk, true);
+    }
+
+    /// A fact of each of `keys` with a random value, in random chunks.
+    fn distract(&mut self, keys: &[&str], rng: &mut StdRng) {
+        for key in keys {
+            let v = value_of(self.kind, rng);
+            let text = self.fact(key, &v, rng);
+            let chunk = rng.random_range(0..self.n_chunks);
+            self.plant(text, chunk, false);
+        }
+    }
+
+    /// One key's value among others' (`single`: at most one other, `multikey`: one to
+    /// three).
+    fn one_key(&mut self, family: &str, rng: &mut StdRng) -> (String, Vec<String>) {
+        let keys = picks(self.p.keys, 4, rng);
+        let value = value_of(self.kind, rng);
+        self.relevant(keys[0], &value, rng);
+        let n_distract = if family == "single" {
+            rng.random_range(0..=1)
+        } else {
+            rng.random_range(1..=3)
+        };
+        self.distract(&keys[1..=n_distract], rng);
+        (
+            fill(
+                self.p.ask_one.choose(rng).expect("q"),
+                &[("kind", self.kind), ("key", keys[0])],
+            ),
+            vec![value],
+        )
+    }
+
+    /// Every value of one key (two to four).
+    fn values_of_one_key(&mut self, rng: &mut StdRng) -> (String, Vec<String>) {
+        let keys = picks(self.p.keys, 3, rng);
+        let n = rng.random_range(2..=4);
+        let mut values = Vec::new();
+        while values.len() < n {
+            let v = value_of(self.kind, rng);
+            if !values.contains(&v) {
+                values.push(v);
+            }
+        }
+        for v in &values {
+            self.relevant(keys[0], v, rng);
+        }
+        let nd = rng.random_range(0..=2);
+        self.distract(&keys[1..=nd], rng);
+        (
+            fill(
+                self.p.ask_all.choose(rng).expect("q"),
+                &[("kind", self.kind), ("key", keys[0])],
+            ),
+            values,
+        )
+    }
+
+    /// The values of several keys (two to four).
+    fn several_keys(&mut self, rng: &mut StdRng) -> (String, Vec<String>) {
+        let n = rng.random_range(2..=4);
+        let keys = picks(self.p.keys, n + 1, rng);
+        let mut values = Vec::new();
+        for key in &keys[..n] {
+            let v = value_of(self.kind, rng);
+            self.relevant(key, &v, rng);
+            values.push(v);
+        }
+        if rng.random_bool(0.5) {
+            self.distract(&keys[n..], rng);
+        }
+        let list = match n {
+            2 => format!("{} and {}", keys[0], keys[1]),
+            _ => format!("{} and {}", keys[..n - 1].join(", "), keys[n - 1]),
+        };
+        (
+            fill(
+                self.p.ask_many.choose(rng).expect("q"),
+                &[("kind", self.kind), ("keys", &list)],
+            ),
+            values,
+        )
+    }
+
+    /// A value said, then changed in the same or a later chunk: the new one is asked.
+    fn updated_value(&mut self, rng: &mut StdRng) -> (String, Vec<String>) {
+        let keys = picks(self.p.keys, 3, rng);
+        let (old, new) = (value_of(self.kind, rng), value_of(self.kind, rng));
+        let first = rng.random_range(0..self.n_chunks);
+        let later = rng.random_range(first..self.n_chunks);
+        let text = self.fact(keys[0], &old, rng);
+        self.plants.push(Plant {
+            text,
+            chunk: first,
+            relevant: true,
+            replaces: Some(1),
+        });
+        let change = fill(
+            self.p.changes.choose(rng).expect("c"),
+            &[("kind", self.kind), ("key", keys[0]), ("value", &new)],
+        );
+        self.plant(change, later, true);
+        let nd = rng.random_range(0..=2);
+        self.distract(&keys[1..=nd], rng);
+        (
+            fill(
+                self.p.ask_one.choose(rng).expect("q"),
+                &[("kind", self.kind), ("key", keys[0])],
+            ),
+            vec![new],
+        )
+    }
+
+    /// Where someone's relative lives: a relation and a home, sometimes beside another
+    /// pair.
+    fn two_hops(&mut self, rng: &mut StdRng) -> (String, Vec<String>) {
+        let p = self.p;
+        let people = picks(p.people, 4, rng);
+        let places = picks(p.places, 2, rng);
+        let rel = *RELATIONS.choose(rng).expect("rel");
+        let link = |a: &str, b: &str, rng: &mut StdRng| {
+            fill(
+                p.relation.choose(rng).expect("r"),
+                &[("a", a), ("b", b), ("rel", rel)],
+            )
+        };
+        let home = |b: &str, place: &str, rng: &mut StdRng| {
+            fill(
+                p.lives.choose(rng).expect("l"),
+                &[("b", b), ("place", place)],
+            )
+        };
+        // people[0] is the rel of people[1]; people[0] lives in places[0].
+        let l1 = link(people[0], people[1], rng);
+        let l2 = home(people[0], places[0], rng);
+        let chunk = self.at(rng);
+        self.plant(l1, chunk, true);
+        let chunk = self.at(rng);
+        self.plant(l2, chunk, true);
+        if rng.random_bool(0.7) {
+            let d1 = link(people[2], people[3], rng);
+            let d2 = home(people[2], places[1], rng);
+            let chunk = self.at(rng);
+            self.plant(d1, chunk, false);
+            let chunk = self.at(rng);
+            self.plant(d2, chunk, false);
+        }
+        (
+            fill(
+                p.ask_hop.choose(rng).expect("q"),
+                &[("rel", rel), ("b2", people[1])],
+            ),
+            vec![places[0].to_string()],
+        )
+    }
+
+    /// Variable tracking: a value assigned, then copied from name to name.
+    fn variables(&mut self, rng: &mut StdRng) -> (String, Vec<String>) {
+        let names: Vec<String> = {
+            let mut set = BTreeSet::new();
+            let mut v = Vec::new();
+            while v.len() < 6 {
+                let n: String = (0..5)
+                    .map(|_| (b'A' + rng.random_range(0..26u8)) as char)
+                    .collect();
+                if set.insert(n.clone()) {
+                    v.push(n);
+                }
+            }
+            v
+        };
+        let n_chunks = self.n_chunks;
+        let len = rng.random_range(2..=4);
+        let value = rng.random_range(10_000u32..100_000).to_string();
+        let (a, c) = (
+            *self.p.assign.choose(rng).expect("a"),
+            *self.p.copy.choose(rng).expect("c"),
+        );
+        let mut chunks: Vec<usize> = (0..len).map(|_| rng.random_range(0..n_chunks)).collect();
+        chunks.sort();
+        self.plant(
+            fill(a, &[("x", &names[0]), ("value", &value)]),
+            chunks[0],
+            true,
+        );
+        for i in 1..len {
+            self.plant(
+                fill(c, &[("y", &names[i]), ("x", &names[i - 1])]),
+                chunks[i],
+                true,
+            );
+        }
+        if rng.random_bool(0.6) {
+            let other = rng.random_range(10_000u32..100_000).to_string();
+            let text = fill(a, &[("x", &names[4]), ("value", &other)]);
+            let chunk = rng.random_range(0..n_chunks);
+            self.plant(text, chunk, false);
+            self.plant(
+                fill(c, &[("y", &names[5]), ("x", &names[4])]),
+                n_chunks - 1,
+                false,
+            );
+        }
+        let expected = names[..len].to_vec();
+        (
+            fill(
+                self.p.ask_vars.choose(rng).expect("q"),
+                &[("value", &value)],
+            ),
+            expected,
+        )
+    }
 }
 
 fn check_memory(tokenizer: &dyn TextTokenizer, config: &DataConfig, steps: &[Step]) -> Result<()> {
@@ -1718,52 +1753,157 @@ fn general(
     p: &Patterns,
     rng: &mut StdRng,
 ) -> Result<Trajectory> {
-    let two_people = rng.random_bool(0.35);
-    let (speaker, other) = if two_people {
-        let ps = picks(p.people, 2, rng);
-        (ps[0].to_string(), ps[1].to_string())
-    } else {
-        ("user".to_string(), "assistant".to_string())
-    };
-    // In a chat the user's messages may carry a display name: "user (Nadia): …".
-    let user_name = (!two_people && rng.random_bool(0.3))
-        .then(|| p.people.choose(rng).expect("people").to_string());
-    let subject = |s: &str| -> String {
-        if two_people {
-            s.replace("The user's", &format!("{speaker}'s"))
-                .replace("The user", &speaker)
-                .replace("the user's", &format!("{speaker}'s"))
-                .replace("the user", &speaker)
-        } else {
-            s.to_string()
-        }
-    };
-    let date = |rng: &mut StdRng| {
-        format!(
-            "{} {}",
-            MONTHS.choose(rng).expect("m"),
-            rng.random_range(1..=28)
-        )
-    };
+    let people = ChatPeople::draw(p, rng);
     let n_facts = rng.random_range(1..=6usize);
     let mut facts: Vec<Said> = Vec::new();
     let mut used = BTreeSet::new();
-    let said_fact = |(said, rem, q): (&str, &str, &str),
-                     flag: bool,
-                     used: &mut BTreeSet<String>,
-                     rng: &mut StdRng|
-     -> Option<Said> {
-        let names = picks(p.people, 2, rng);
-        let name = if two_people {
-            speaker.clone()
+    for _ in 0..n_facts {
+        let pattern = *p.chat.choose(rng).expect("chat");
+        facts.extend(people.said(p, pattern, true, &mut used, rng));
+    }
+    // Sometimes a later update replaces a fact of the same slot.
+    if rng.random_bool(0.3) {
+        let pattern = *p.chat_updates.choose(rng).expect("updates");
+        facts.extend(people.said(p, pattern, false, &mut BTreeSet::new(), rng));
+    }
+    // Turns: small talk with the facts said by the speaker at random places.
+    let n_chunks = rng.random_range(1..=3usize);
+    let sizes: Vec<usize> = (0..n_chunks)
+        .map(|_| rng.random_range(config.chunk_min..=config.chunk_max))
+        .collect();
+    let style = if !people.two && rng.random_bool(0.25) {
+        TurnStyle::Notes
+    } else if rng.random_bool(0.5) {
+        TurnStyle::Stamped
+    } else {
+        TurnStyle::Plain
+    };
+    let family = match (style, people.two) {
+        (TurnStyle::Notes, _) => "notes",
+        (_, true) => "two-people",
+        (_, false) => "chat",
+    };
+    let mut writer = TurnWriter {
+        style,
+        day: rng.random_range(1..=20u32),
+        minute: rng.random_range(0..600u32),
+        speaker: match &people.user_name {
+            Some(n) => format!("{} ({n})", people.speaker),
+            None => people.speaker.clone(),
+        },
+        other: people.other.clone(),
+    };
+    let total: usize = sizes.iter().sum();
+    let chat = Chat {
+        tokenizer,
+        p,
+        facts: &facts,
+        style,
+    };
+    let lines = chat.lines(&mut writer, total, rng)?;
+    let (steps, memory) = chat.chunks(lines, &sizes)?;
+    check_memory(tokenizer, config, &steps)?;
+    // Ask about a remembered fact, or (sometimes) about something never said.
+    let (question, answer, expected) = if memory.is_empty() || rng.random_bool(0.15) {
+        let q = people.subject("What is the user's shoe size?");
+        (q, "not known".to_string(), vec!["not known".to_string()])
+    } else {
+        let f = &facts[*memory.choose(rng).expect("memory")];
+        (f.question.clone(), f.remembered.clone(), f.values.clone())
+    };
+    Ok(Trajectory {
+        mode: Mode::General,
+        family,
+        filler: if matches!(style, TurnStyle::Notes) {
+            "notes".into()
         } else {
-            user_name.clone().unwrap_or_else(|| names[0].to_string())
+            "small-talk turns".into()
+        },
+        question,
+        steps,
+        answer,
+        expected,
+        memory_lines: memory
+            .iter()
+            .map(|&i| facts[i].remembered.clone())
+            .collect(),
+        fact_values: memory.iter().map(|&i| facts[i].values.clone()).collect(),
+    })
+}
+
+/// Who talks in a general-mode chat: the user and the assistant, or two people (the
+/// first says the facts); in a chat the user's messages may carry a display name
+/// ("user (Nadia): …").
+struct ChatPeople {
+    two: bool,
+    speaker: String,
+    other: String,
+    user_name: Option<String>,
+}
+
+impl ChatPeople {
+    fn draw(p: &Patterns, rng: &mut StdRng) -> Self {
+        let two = rng.random_bool(0.35);
+        let (speaker, other) = if two {
+            let ps = picks(p.people, 2, rng);
+            (ps[0].to_string(), ps[1].to_string())
+        } else {
+            ("user".to_string(), "assistant".to_string())
         };
+        let user_name = (!two && rng.random_bool(0.3))
+            .then(|| p.people.choose(rng).expect("people").to_string());
+        Self {
+            two,
+            speaker,
+            other,
+            user_name,
+        }
+    }
+
+    /// `s` about the speaker: "the user" is the speaker's name when two people talk.
+    fn subject(&self, s: &str) -> String {
+        if self.two {
+            let speaker = &self.speaker;
+            s.replace("The user's", &format!("{speaker}'s"))
+                .replace("The user", speaker)
+                .replace("the user's", &format!("{speaker}'s"))
+                .replace("the user", speaker)
+        } else {
+            s.to_string()
+        }
+    }
+
+    /// A fact the speaker says (`said`), as memory keeps it (`rem`) and as it is asked
+    /// (`q`), its slots filled at random; `None` when its slot was `used` already.
+    /// `flag`: sometimes said with a reminder in front ("Please remember this: ").
+    fn said(
+        &self,
+        p: &Patterns,
+        (said, rem, q): (&str, &str, &str),
+        flag: bool,
+        used: &mut BTreeSet<String>,
+        rng: &mut StdRng,
+    ) -> Option<Said> {
+        let names = picks(p.people, 2, rng);
+        let name = if self.two {
+            self.speaker.clone()
+        } else {
+            self.user_name
+                .clone()
+                .unwrap_or_else(|| names[0].to_string())
+        };
+        // Drawn in this order: relation, date, place, food, job, item, pet.
+        let rel = RELATIONS.choose(rng).expect("r");
+        let date = format!(
+            "{} {}",
+            MONTHS.choose(rng).expect("m"),
+            rng.random_range(1..=28)
+        );
         let pairs = [
             ("name", name.as_str()),
             ("name2", names[1]),
-            ("rel", RELATIONS.choose(rng).expect("r")),
-            ("date", &date(rng)),
+            ("rel", rel),
+            ("date", &date),
             ("place", p.places.choose(rng).expect("p")),
             ("food", FOODS.choose(rng).expect("f")),
             ("job", JOBS.choose(rng).expect("j")),
@@ -1794,104 +1934,125 @@ fn general(
         Some(Said {
             said: said_text,
             plain,
-            remembered: subject(&remembered),
-            question: subject(&fill(q, &pairs)),
+            remembered: self.subject(&remembered),
+            question: self.subject(&fill(q, &pairs)),
             values,
             slot,
         })
-    };
-    for _ in 0..n_facts {
-        let pattern = *p.chat.choose(rng).expect("chat");
-        facts.extend(said_fact(pattern, true, &mut used, rng));
     }
-    // Sometimes a later update replaces a fact of the same slot.
-    if rng.random_bool(0.3) {
-        let pattern = *p.chat_updates.choose(rng).expect("updates");
-        facts.extend(said_fact(pattern, false, &mut BTreeSet::new(), rng));
-    }
-    // Turns: small talk with the facts said by the speaker at random places.
-    let n_chunks = rng.random_range(1..=3usize);
-    let sizes: Vec<usize> = (0..n_chunks)
-        .map(|_| rng.random_range(config.chunk_min..=config.chunk_max))
-        .collect();
-    let total: usize = sizes.iter().sum();
-    let style = if !two_people && rng.random_bool(0.25) {
-        TurnStyle::Notes
-    } else if rng.random_bool(0.5) {
-        TurnStyle::Stamped
-    } else {
-        TurnStyle::Plain
-    };
-    let family = match (style, two_people) {
-        (TurnStyle::Notes, _) => "notes",
-        (_, true) => "two-people",
-        (_, false) => "chat",
-    };
-    let mut writer = TurnWriter {
-        style,
-        day: rng.random_range(1..=20u32),
-        minute: rng.random_range(0..600u32),
-        speaker: match &user_name {
-            Some(n) => format!("{speaker} ({n})"),
-            None => speaker.clone(),
-        },
-        other: other.clone(),
-    };
-    let small_talk = |rng: &mut StdRng| -> String {
-        if rng.random_bool(0.5) {
-            p.openers.choose(rng).expect("o").to_string()
-        } else {
-            sentence(p.passing.choose(rng).expect("passing"), rng)
+}
+
+/// A general-mode chat being written: its facts, said in turns of `style`.
+struct Chat<'a> {
+    tokenizer: &'a dyn TextTokenizer,
+    p: &'a Patterns,
+    facts: &'a [Said],
+    style: TurnStyle,
+}
+
+impl Chat<'_> {
+    /// About `total` tokens of turns: small talk, with each fact said at a random place
+    /// (in order); each line with the fact it says.
+    fn lines(
+        &self,
+        writer: &mut TurnWriter,
+        total: usize,
+        rng: &mut StdRng,
+    ) -> Result<Vec<(String, Option<usize>)>> {
+        let p = self.p;
+        // Where each fact falls, as a fraction of the whole text.
+        let mut at: Vec<f64> = self
+            .facts
+            .iter()
+            .map(|_| rng.random_range(0.0..1.0))
+            .collect();
+        at.sort_by(f64::total_cmp);
+        let mut lines: Vec<(String, Option<usize>)> = Vec::new();
+        let mut tokens = 0;
+        let mut next = 0;
+        while tokens < total {
+            while next < self.facts.len() && at[next] * total as f64 <= tokens as f64 {
+                tokens += self.say(next, writer, &mut lines, rng)?;
+                next += 1;
+            }
+            let small_talk = if rng.random_bool(0.5) {
+                p.openers.choose(rng).expect("o").to_string()
+            } else {
+                sentence(p.passing.choose(rng).expect("passing"), rng)
+            };
+            let l = writer.line(&small_talk, rng.random_bool(0.5), rng);
+            tokens += self.tokenizer.encode(&l)?.len() + 1;
+            lines.push((l, None));
         }
-    };
-    // Where each fact falls, as a fraction of the whole text.
-    let mut at: Vec<f64> = facts.iter().map(|_| rng.random_range(0.0..1.0)).collect();
-    at.sort_by(f64::total_cmp);
-    let mut lines: Vec<(String, Option<usize>)> = Vec::new();
-    let mut tokens = 0;
-    let mut next = 0;
-    let say = |i: usize,
-               writer: &mut TurnWriter,
-               lines: &mut Vec<(String, Option<usize>)>,
-               rng: &mut StdRng| {
-        let mut said = vec![(writer.line(&facts[i].said, true, rng), Some(i))];
-        // The listener often acknowledges, sometimes repeating the fact back.
-        if !matches!(style, TurnStyle::Notes) && rng.random_bool(0.5) {
+        while next < self.facts.len() {
+            self.say(next, writer, &mut lines, rng)?;
+            next += 1;
+        }
+        Ok(lines)
+    }
+
+    /// Fact `i` said, and often acknowledged (sometimes repeated back) by the listener:
+    /// the tokens of the lines added.
+    fn say(
+        &self,
+        i: usize,
+        writer: &mut TurnWriter,
+        lines: &mut Vec<(String, Option<usize>)>,
+        rng: &mut StdRng,
+    ) -> Result<usize> {
+        let mut said = vec![(writer.line(&self.facts[i].said, true, rng), Some(i))];
+        if !matches!(self.style, TurnStyle::Notes) && rng.random_bool(0.5) {
             let text = fill(
-                p.acks.choose(rng).expect("acks"),
-                &[("echo", &echo(&facts[i].plain))],
+                self.p.acks.choose(rng).expect("acks"),
+                &[("echo", &echo(&self.facts[i].plain))],
             );
             said.push((writer.line(&text, false, rng), None));
         }
         let mut n = 0;
         for (l, f) in said {
-            n += tokenizer.encode(&l)?.len() + 1;
+            n += self.tokenizer.encode(&l)?.len() + 1;
             lines.push((l, f));
         }
-        Ok::<usize, Error>(n)
-    };
-    while tokens < total {
-        while next < facts.len() && at[next] * total as f64 <= tokens as f64 {
-            tokens += say(next, &mut writer, &mut lines, rng)?;
-            next += 1;
+        Ok(n)
+    }
+
+    /// The lines cut into chunks at `sizes` (by running token count), each with the
+    /// memory before and after it; and the facts remembered at the end.
+    fn chunks(
+        &self,
+        lines: Vec<(String, Option<usize>)>,
+        sizes: &[usize],
+    ) -> Result<(Vec<Step>, Vec<usize>)> {
+        let mut steps = Vec::new();
+        let mut current: Vec<(String, Option<usize>)> = Vec::new();
+        let mut current_tokens = 0;
+        let mut memory: Vec<usize> = Vec::new();
+        let mut before = NO_MEMORY.to_string();
+        let mut size_i = 0;
+        for (l, f) in lines {
+            current_tokens += self.tokenizer.encode(&l)?.len() + 1;
+            current.push((l, f));
+            if current_tokens >= sizes[size_i.min(sizes.len() - 1)] {
+                steps.push(self.step(&mut current, &mut memory, &mut before));
+                current_tokens = 0;
+                size_i += 1;
+            }
         }
-        let l = writer.line(&small_talk(rng), rng.random_bool(0.5), rng);
-        tokens += tokenizer.encode(&l)?.len() + 1;
-        lines.push((l, None));
+        if !current.is_empty() {
+            steps.push(self.step(&mut current, &mut memory, &mut before));
+        }
+        Ok((steps, memory))
     }
-    while next < facts.len() {
-        say(next, &mut writer, &mut lines, rng)?;
-        next += 1;
-    }
-    // Cut into chunks at the sizes drawn (by running token count).
-    let mut steps = Vec::new();
-    let mut current: Vec<(String, Option<usize>)> = Vec::new();
-    let mut current_tokens = 0;
-    let mut memory: Vec<usize> = Vec::new();
-    let mut before = NO_MEMORY.to_string();
-    let flush = |current: &mut Vec<(String, Option<usize>)>,
-                 memory: &mut Vec<usize>,
-                 before: &mut String| {
+
+    /// The chunk of the `current` lines, the memory it leaves (a fact replaces one of
+    /// its slot), and what it says.
+    fn step(
+        &self,
+        current: &mut Vec<(String, Option<usize>)>,
+        memory: &mut Vec<usize>,
+        before: &mut String,
+    ) -> Step {
+        let facts = self.facts;
         let (mut relevant, mut values) = (Vec::new(), Vec::new());
         for (_, f) in current.iter() {
             if let Some(i) = *f {
@@ -1925,47 +2086,7 @@ fn general(
         };
         current.clear();
         step
-    };
-    let mut size_i = 0;
-    for (l, f) in lines {
-        current_tokens += tokenizer.encode(&l)?.len() + 1;
-        current.push((l, f));
-        if current_tokens >= sizes[size_i.min(sizes.len() - 1)] {
-            steps.push(flush(&mut current, &mut memory, &mut before));
-            current_tokens = 0;
-            size_i += 1;
-        }
     }
-    if !current.is_empty() {
-        steps.push(flush(&mut current, &mut memory, &mut before));
-    }
-    check_memory(tokenizer, config, &steps)?;
-    // Ask about a remembered fact, or (sometimes) about something never said.
-    let (question, answer, expected) = if memory.is_empty() || rng.random_bool(0.15) {
-        let q = subject("What is the user's shoe size?");
-        (q, "not known".to_string(), vec!["not known".to_string()])
-    } else {
-        let f = &facts[*memory.choose(rng).expect("memory")];
-        (f.question.clone(), f.remembered.clone(), f.values.clone())
-    };
-    Ok(Trajectory {
-        mode: Mode::General,
-        family,
-        filler: if matches!(style, TurnStyle::Notes) {
-            "notes".into()
-        } else {
-            "small-talk turns".into()
-        },
-        question,
-        steps,
-        answer,
-        expected,
-        memory_lines: memory
-            .iter()
-            .map(|&i| facts[i].remembered.clone())
-            .collect(),
-        fact_values: memory.iter().map(|&i| facts[i].values.clone()).collect(),
-    })
 }
 
 /// Every surface pattern of a split (for checking that validation's are unseen).

@@ -319,16 +319,7 @@ impl CustomOp3 for CausalAttention {
                             Mat(go, 1, width as isize),
                             Mat(vh, d as isize, 1),
                         );
-                        // ds = p ⊙ (dp − Σ dout ⊙ out) · scale, in place of dp.
-                        for ((ds, pr), di) in dp
-                            .chunks_exact_mut(keys)
-                            .zip(p.chunks_exact(keys))
-                            .zip(&delta)
-                        {
-                            for (x, &pv) in ds.iter_mut().zip(pr) {
-                                *x = pv * (*x - di) * self.scale;
-                            }
-                        }
+                        scores_grad(dp, p, &delta, keys, self.scale);
                         let ds = Mat(dp.as_ptr(), 1, keys as isize);
                         // dq[r0..] = ds k; dk[..keys] += dsᵀ q[r0..]; dv[..keys] += pᵀ dout.
                         product(
@@ -366,33 +357,54 @@ impl CustomOp3 for CausalAttention {
             }
         });
         let dev = q.device();
-        let group = heads / kv_heads;
-        // Each key/value head's gradient: the sum over the query heads that share it, in
-        // head order (candle's strided sum over that axis ran on one thread, slowly).
-        let per_head = |x: Vec<f32>| -> Result<Tensor> {
-            if group == 1 {
-                return Tensor::from_vec(x, (kv_heads, t, d), dev);
-            }
-            let size = t * d;
-            let mut out = Vec::with_capacity(kv_heads * size);
-            for heads in x.chunks_exact(group * size) {
-                let (first, rest) = heads.split_at(size);
-                let start = out.len();
-                out.extend_from_slice(first);
-                for other in rest.chunks_exact(size) {
-                    for (o, v) in out[start..].iter_mut().zip(other) {
-                        *o += v;
-                    }
-                }
-            }
-            Tensor::from_vec(out, (kv_heads, t, d), dev)
-        };
+        let per_head = |x: Vec<f32>| sum_groups(x, heads / kv_heads, (kv_heads, t, d), dev);
         Ok((
             Some(Tensor::from_vec(dq, (heads, t, d), dev)?),
             Some(per_head(dk)?),
             Some(per_head(dv)?),
         ))
     }
+}
+
+/// ds = p ⊙ (dp − Σ dout ⊙ out) · scale, in place of `dp` (rows of `keys`; `delta`:
+/// each row's Σ dout ⊙ out).
+fn scores_grad(dp: &mut [f32], p: &[f32], delta: &[f32], keys: usize, scale: f32) {
+    for ((ds, pr), di) in dp
+        .chunks_exact_mut(keys)
+        .zip(p.chunks_exact(keys))
+        .zip(delta)
+    {
+        for (x, &pv) in ds.iter_mut().zip(pr) {
+            *x = pv * (*x - di) * scale;
+        }
+    }
+}
+
+/// Each key/value head's gradient from the query heads' (`group` consecutive heads
+/// share one): their sum, in head order (candle's strided sum over that axis ran on one
+/// thread, slowly).
+fn sum_groups(
+    x: Vec<f32>,
+    group: usize,
+    (kv_heads, t, d): (usize, usize, usize),
+    dev: &candle_core::Device,
+) -> Result<Tensor> {
+    if group == 1 {
+        return Tensor::from_vec(x, (kv_heads, t, d), dev);
+    }
+    let size = t * d;
+    let mut out = Vec::with_capacity(kv_heads * size);
+    for heads in x.chunks_exact(group * size) {
+        let (first, rest) = heads.split_at(size);
+        let start = out.len();
+        out.extend_from_slice(first);
+        for other in rest.chunks_exact(size) {
+            for (o, v) in out[start..].iter_mut().zip(other) {
+                *o += v;
+            }
+        }
+    }
+    Tensor::from_vec(out, (kv_heads, t, d), dev)
 }
 
 #[cfg(test)]

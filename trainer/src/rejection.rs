@@ -260,69 +260,20 @@ pub fn sample_once(
         };
         agent
     };
-    let chunks: Vec<Vec<Chunk>> = trajectories
-        .iter()
-        .map(|t| {
-            t.steps
-                .iter()
-                .map(|s| {
-                    Ok(Chunk {
-                        tokens: tokenizer.encode(&s.chunk)?.len(),
-                        text: s.chunk.clone(),
-                    })
-                })
-                .collect::<Result<Vec<_>>>()
-        })
-        .collect::<Result<_>>()?;
+    let chunks = chunks_of(trajectories, tokenizer)?;
     let mut memories = vec![NO_MEMORY.to_string(); trajectories.len()];
     let mut reports: Vec<Vec<StepReport>> = vec![Vec::new(); trajectories.len()];
     let rounds = chunks.iter().map(Vec::len).max().unwrap_or(0);
     for round in 0..rounds {
         let agent = agent_for(round);
-        let active: Vec<usize> = (0..trajectories.len())
-            .filter(|&i| round < chunks[i].len())
-            .collect();
-        let (question, general): (Vec<usize>, Vec<usize>) = active
-            .into_iter()
-            .partition(|&i| trajectories[i].mode == Mode::Question);
-        let mut done: Vec<(usize, StepReport)> = Vec::new();
-        if !question.is_empty() {
-            let inputs: Vec<(&str, &str, &Chunk)> = question
-                .iter()
-                .map(|&i| {
-                    (
-                        trajectories[i].question.as_str(),
-                        memories[i].as_str(),
-                        &chunks[i][round],
-                    )
-                })
-                .collect();
-            done.extend(
-                question
-                    .iter()
-                    .copied()
-                    .zip(agent.update_many(UPDATE, &inputs)?),
-            );
-        }
-        if !general.is_empty() {
-            let stepped = match config.writer {
-                Writer::Lines => {
-                    let inputs: Vec<(&str, &Chunk)> = general
-                        .iter()
-                        .map(|&i| (memories[i].as_str(), &chunks[i][round]))
-                        .collect();
-                    agent.update_lines_many(&inputs, None)?
-                }
-                Writer::Rewrite => {
-                    let inputs: Vec<(&str, &str, &Chunk)> = general
-                        .iter()
-                        .map(|&i| ("", memories[i].as_str(), &chunks[i][round]))
-                        .collect();
-                    agent.update_many(GENERAL_UPDATE, &inputs)?
-                }
-            };
-            done.extend(general.iter().copied().zip(stepped));
-        }
+        let done = step_round(
+            &agent,
+            trajectories,
+            &chunks,
+            &memories,
+            round,
+            config.writer,
+        )?;
         for (i, step) in done {
             memories[i].clone_from(&step.memory);
             reports[i].push(step);
@@ -373,6 +324,86 @@ pub fn sample_once(
             }
         })
         .collect())
+}
+
+/// Each trajectory's chunks, counted in the model's tokens.
+fn chunks_of(
+    trajectories: &[Trajectory],
+    tokenizer: &dyn TextTokenizer,
+) -> Result<Vec<Vec<Chunk>>> {
+    let chunks: Vec<Vec<Chunk>> = trajectories
+        .iter()
+        .map(|t| {
+            t.steps
+                .iter()
+                .map(|s| {
+                    Ok(Chunk {
+                        tokens: tokenizer.encode(&s.chunk)?.len(),
+                        text: s.chunk.clone(),
+                    })
+                })
+                .collect::<Result<Vec<_>>>()
+        })
+        .collect::<Result<_>>()?;
+    Ok(chunks)
+}
+
+/// Step `round` of every trajectory that has one, decoded as one batch per mode: the
+/// MemAgent update in question mode, `writer` in general mode. Each step with its
+/// trajectory's index.
+fn step_round(
+    agent: &MemoryAgent<'_>,
+    trajectories: &[Trajectory],
+    chunks: &[Vec<Chunk>],
+    memories: &[String],
+    round: usize,
+    writer: Writer,
+) -> Result<Vec<(usize, StepReport)>> {
+    let active: Vec<usize> = (0..trajectories.len())
+        .filter(|&i| round < chunks[i].len())
+        .collect();
+    let (question, general): (Vec<usize>, Vec<usize>) = active
+        .into_iter()
+        .partition(|&i| trajectories[i].mode == Mode::Question);
+    let mut done: Vec<(usize, StepReport)> = Vec::new();
+    if !question.is_empty() {
+        let inputs: Vec<(&str, &str, &Chunk)> = question
+            .iter()
+            .map(|&i| {
+                (
+                    trajectories[i].question.as_str(),
+                    memories[i].as_str(),
+                    &chunks[i][round],
+                )
+            })
+            .collect();
+        done.extend(
+            question
+                .iter()
+                .copied()
+                .zip(agent.update_many(UPDATE, &inputs)?),
+        );
+    }
+    if !general.is_empty() {
+        let stepped = match writer {
+            Writer::Lines => {
+                let inputs: Vec<(&str, &Chunk)> = general
+                    .iter()
+                    .map(|&i| (memories[i].as_str(), &chunks[i][round]))
+                    .collect();
+                agent.update_lines_many(&inputs, None)?
+            }
+            Writer::Rewrite => {
+                let inputs: Vec<(&str, &str, &Chunk)> = general
+                    .iter()
+                    .map(|&i| ("", memories[i].as_str(), &chunks[i][round]))
+                    .collect();
+                agent.update_many(GENERAL_UPDATE, &inputs)?
+            }
+        };
+        done.extend(general.iter().copied().zip(stepped));
+    }
+    Ok(done)
 }
 
 /// `t` with the memories a reading wrote in place of the oracle's.

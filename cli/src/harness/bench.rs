@@ -45,34 +45,65 @@ pub fn engine(global: &Settings, args: &BenchEngineArgs) -> Result<()> {
         results.push(r);
     }
     if args.decode > 0 {
-        let (r, alone) = bench_decode(&model, unit[0], args.decode, args.repeats)?;
+        results.extend(decode_results(&model, args, &unit)?);
+    }
+    results.extend(rewrite_results(&model, args)?);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if args.json {
+        return crate::commands::print_json(&serde_json::json!({
+            "model": model.path(),
+            "device": global.device,
+            "threads": threads,
+            "results": results,
+        }));
+    }
+    print_engine_table(global, &model, args, &results, threads)
+}
+
+/// One sequence's decoding (`tg`), then a batch of them checked against it.
+fn decode_results(
+    model: &memagent_engine::LocalModel,
+    args: &BenchEngineArgs,
+    unit: &[u32],
+) -> Result<Vec<BenchResult>> {
+    let mut results = Vec::new();
+    let (r, alone) = bench_decode(model, unit[0], args.decode, args.repeats)?;
+    report_progress(&r);
+    results.push(r);
+    if args.batch > 1 && !model.exact_rows() {
+        // A GPU's products differ in their last bits with the row count, so the
+        // daemon decodes one sequence at a time there: a batch would measure a
+        // decoding the product never uses.
+        tracing::warn!(
+            "tg{}x{}: skipped: batched rows are exact only on the CPU's kernels; on \
+             this device sequences decode one at a time",
+            args.decode,
+            args.batch
+        );
+    } else if args.batch > 1 {
+        // Sequence 0 starts as the one-sequence case did; the others from the
+        // filler's next tokens.
+        let starts: Vec<u32> = unit.iter().copied().cycle().take(args.batch).collect();
+        let (r, together) = bench_decode_batch(model, &starts, args.decode, args.repeats)?;
+        anyhow::ensure!(
+            together[0] == alone,
+            "{}: sequence 0 decoded differently in a batch: the batch is not exact; \
+             please report this",
+            r.test
+        );
         report_progress(&r);
         results.push(r);
-        if args.batch > 1 && !model.exact_rows() {
-            // A GPU's products differ in their last bits with the row count, so the
-            // daemon decodes one sequence at a time there: a batch would measure a
-            // decoding the product never uses.
-            tracing::warn!(
-                "tg{}x{}: skipped: batched rows are exact only on the CPU's kernels; on \
-                 this device sequences decode one at a time",
-                args.decode,
-                args.batch
-            );
-        } else if args.batch > 1 {
-            // Sequence 0 starts as the one-sequence case did; the others from the
-            // filler's next tokens.
-            let starts: Vec<u32> = unit.iter().copied().cycle().take(args.batch).collect();
-            let (r, together) = bench_decode_batch(&model, &starts, args.decode, args.repeats)?;
-            anyhow::ensure!(
-                together[0] == alone,
-                "{}: sequence 0 decoded differently in a batch: the batch is not exact; \
-                 please report this",
-                r.test
-            );
-            report_progress(&r);
-            results.push(r);
-        }
     }
+    Ok(results)
+}
+
+/// Memory rewrites (`rw`), plain and drafted, checked to agree; then a batch of them
+/// against the same rewrites alone (`bw`).
+fn rewrite_results(
+    model: &memagent_engine::LocalModel,
+    args: &BenchEngineArgs,
+) -> Result<Vec<BenchResult>> {
+    let mut results = Vec::new();
     let fill = |memory: &str, chunk: &str| {
         UPDATE.fill("What does the text say about libraries?", memory, chunk)
     };
@@ -82,16 +113,10 @@ pub fn engine(global: &Settings, args: &BenchEngineArgs) -> Result<()> {
         repeat_guard: REPEAT_GUARD_TOKENS,
     };
     for &m in args.rewrite.iter().filter(|&&m| m > 0) {
-        let (plain, want) = bench_rewrite(&model, &work, m, 256, 0, args.repeats)?;
+        let (plain, want) = bench_rewrite(model, &work, m, 256, 0, args.repeats)?;
         report_progress(&plain);
-        let (drafted, got) = bench_rewrite(
-            &model,
-            &work,
-            m,
-            256,
-            args.draft_tokens.max(1),
-            args.repeats,
-        )?;
+        let (drafted, got) =
+            bench_rewrite(model, &work, m, 256, args.draft_tokens.max(1), args.repeats)?;
         report_progress(&drafted);
         anyhow::ensure!(
             want == got,
@@ -103,22 +128,24 @@ pub fn engine(global: &Settings, args: &BenchEngineArgs) -> Result<()> {
         results.push(drafted);
     }
     if args.batch > 1 {
-        let (alone, together) = bench_batch(&model, &work, args.batch, 128, 256, args.draft_tokens)
+        let (alone, together) = bench_batch(model, &work, args.batch, 128, 256, args.draft_tokens)
             .with_context(|| format!("bw{}", args.batch))?;
         report_progress(&alone);
         report_progress(&together);
         results.push(alone);
         results.push(together);
     }
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if args.json {
-        return crate::commands::print_json(&serde_json::json!({
-            "model": model.path(),
-            "device": global.device,
-            "threads": threads,
-            "results": results,
-        }));
-    }
+    Ok(results)
+}
+
+/// The table `bench engine` prints without `--json`.
+fn print_engine_table(
+    global: &Settings,
+    model: &memagent_engine::LocalModel,
+    args: &BenchEngineArgs,
+    results: &[BenchResult],
+    threads: usize,
+) -> Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
@@ -164,7 +191,7 @@ pub fn engine(global: &Settings, args: &BenchEngineArgs) -> Result<()> {
             r.test, r.tokens, r.tokens_per_second, rss, speedup, accepted, per_pass
         )?;
     }
-    for r in &results {
+    for r in results {
         if let Some(rate) = r.gflop_per_second {
             writeln!(
                 out,
@@ -655,49 +682,7 @@ pub fn daemon(global: &Settings, args: &BenchDaemonArgs) -> Result<()> {
             args.tokens
         );
     }
-    let mut runs = Vec::new();
-    for &streams in &args.streams {
-        let daemon = BenchDaemon::start(global, &format!("s{streams}"), 86_400.0)?;
-        let mut names = Vec::new();
-        let started = Instant::now();
-        for i in 0..streams {
-            let name = format!("stream-{i:02}.txt");
-            let text = piece(i, chunks_per_stream * chunk_tokens + chunk_tokens / 4);
-            std::fs::write(daemon.folder.join(&name), &text)?;
-            names.push(name);
-        }
-        daemon.until("every stream to read its whole chunks", |rows| {
-            names
-                .iter()
-                .all(|name| version_of(rows, name) >= chunks_per_stream as u64)
-        })?;
-        let seconds = started.elapsed().as_secs_f64();
-        let rows = daemon.streams()?;
-        let tokens: u64 = rows.iter().filter_map(|r| r["tokens_read"].as_u64()).sum();
-        let steps: u64 = rows.iter().filter_map(|r| r["steps"].as_u64()).sum();
-        // Seconds the model itself spent on the steps, from each stream's throughput.
-        let model_seconds: f64 = rows
-            .iter()
-            .filter_map(|r| Some(r["tokens_read"].as_f64()? / r["tokens_per_second"].as_f64()?))
-            .sum();
-        let row = serde_json::json!({
-            "streams": streams,
-            "chunks_per_stream": chunks_per_stream,
-            "tokens": tokens,
-            "steps": steps,
-            "seconds": seconds,
-            "input_tokens_per_second": tokens as f64 / seconds,
-            "model_seconds": model_seconds,
-            "model_tokens_per_second": tokens as f64 / model_seconds.max(1e-9),
-        });
-        say(format!(
-            "{streams} streams: {tokens} tokens in {steps} steps, {seconds:.1}s, {:.1} input tok/s \
-             ({:.1} tok/s of model time)",
-            tokens as f64 / seconds,
-            tokens as f64 / model_seconds.max(1e-9)
-        ));
-        runs.push(row);
-    }
+    let runs = throughput(global, args, chunks_per_stream, chunk_tokens, &piece, &say)?;
 
     // Lag: from writing an append to the first memory version that read it. A
     // chunk-sized append (a little over C tokens) is read at once; a one-line append
@@ -755,13 +740,82 @@ pub fn daemon(global: &Settings, args: &BenchDaemonArgs) -> Result<()> {
     if args.json {
         return crate::commands::print_json(&report);
     }
+    print_daemon_report(args, chunk_tokens, &runs, (&chunk_lags, &line_lags), &busy)
+}
+
+/// Throughput: for each `--streams` count, every file written at once, until every
+/// stream has read its whole chunks: one JSON row per count.
+fn throughput(
+    global: &Settings,
+    args: &BenchDaemonArgs,
+    chunks_per_stream: usize,
+    chunk_tokens: usize,
+    piece: &dyn Fn(usize, usize) -> String,
+    say: &dyn Fn(String),
+) -> Result<Vec<serde_json::Value>> {
+    let mut runs = Vec::new();
+    for &streams in &args.streams {
+        let daemon = BenchDaemon::start(global, &format!("s{streams}"), 86_400.0)?;
+        let mut names = Vec::new();
+        let started = Instant::now();
+        for i in 0..streams {
+            let name = format!("stream-{i:02}.txt");
+            let text = piece(i, chunks_per_stream * chunk_tokens + chunk_tokens / 4);
+            std::fs::write(daemon.folder.join(&name), &text)?;
+            names.push(name);
+        }
+        daemon.until("every stream to read its whole chunks", |rows| {
+            names
+                .iter()
+                .all(|name| version_of(rows, name) >= chunks_per_stream as u64)
+        })?;
+        let seconds = started.elapsed().as_secs_f64();
+        let rows = daemon.streams()?;
+        let tokens: u64 = rows.iter().filter_map(|r| r["tokens_read"].as_u64()).sum();
+        let steps: u64 = rows.iter().filter_map(|r| r["steps"].as_u64()).sum();
+        // Seconds the model itself spent on the steps, from each stream's throughput.
+        let model_seconds: f64 = rows
+            .iter()
+            .filter_map(|r| Some(r["tokens_read"].as_f64()? / r["tokens_per_second"].as_f64()?))
+            .sum();
+        let row = serde_json::json!({
+            "streams": streams,
+            "chunks_per_stream": chunks_per_stream,
+            "tokens": tokens,
+            "steps": steps,
+            "seconds": seconds,
+            "input_tokens_per_second": tokens as f64 / seconds,
+            "model_seconds": model_seconds,
+            "model_tokens_per_second": tokens as f64 / model_seconds.max(1e-9),
+        });
+        say(format!(
+            "{streams} streams: {tokens} tokens in {steps} steps, {seconds:.1}s, {:.1} input tok/s \
+             ({:.1} tok/s of model time)",
+            tokens as f64 / seconds,
+            tokens as f64 / model_seconds.max(1e-9)
+        ));
+        runs.push(row);
+    }
+    Ok(runs)
+}
+
+/// The table and lag lines `bench daemon` prints without `--json`.
+fn print_daemon_report(
+    args: &BenchDaemonArgs,
+    chunk_tokens: usize,
+    runs: &[serde_json::Value],
+    (chunk_lags, line_lags): (&[f64], &[f64]),
+    busy: &[(f64, usize)],
+) -> Result<()> {
+    let p50 = |v: &[f64]| percentile(v, 0.5);
+    let busy_lags: Vec<f64> = busy.iter().map(|b| b.0).collect();
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
         "| watched streams | tokens read | steps | seconds | input tok/s |"
     )?;
     writeln!(out, "|---:|---:|---:|---:|---:|")?;
-    for r in &runs {
+    for r in runs {
         writeln!(
             out,
             "| {} | {} | {} | {:.1} | {:.1} |",
@@ -777,9 +831,9 @@ pub fn daemon(global: &Settings, args: &BenchDaemonArgs) -> Result<()> {
         "\nlag, append -> memory updated (1 stream, C={chunk_tokens}): chunk-sized appends \
          ({} tokens) p50 {:.2}s (n={}); one-line appends p50 {:.2}s (n={}, idle interval {}s)",
         chunk_tokens * 5 / 4,
-        p50(&chunk_lags),
+        p50(chunk_lags),
         chunk_lags.len(),
-        p50(&line_lags),
+        p50(line_lags),
         line_lags.len(),
         args.idle_seconds
     )?;

@@ -48,17 +48,7 @@ pub fn run(global: &Settings, args: &BenchLoopArgs) -> Result<()> {
     if args.profiles.is_empty() || args.modes.is_empty() {
         bail!("nothing to run: give at least one --profiles and one --modes");
     }
-    let server_binary = match (&args.llama_server, &args.server_url) {
-        (Some(path), None) => Some(check_binary(path)?),
-        (None, Some(_)) => None,
-        (Some(_), Some(_)) => bail!("give --llama-server PATH or --server-url URL, not both"),
-        (None, None) => bail!(
-            "the comparison needs llama.cpp's server: pass --llama-server PATH (the \
-             llama-server binary; it is started on the model file with the threads and \
-             context each profile needs) or --server-url URL of a server already serving \
-             the same model"
-        ),
-    };
+    let server_binary = server_binary(args)?;
     let model = crate::commands::load_model(global)?;
     let haystack = super::bench::haystack(args.haystack.as_deref())?;
     let samples = (0..args.documents)
@@ -96,24 +86,13 @@ pub fn run(global: &Settings, args: &BenchLoopArgs) -> Result<()> {
             // A fresh server per mode, and an empty prefix cache per local run: each loop
             // starts cold (the first prompt of a document is the same in every mode, and
             // a warm cache would skip its whole prefill).
-            let server = match &server_binary {
-                Some(binary) => Some(LlamaServer::start(
-                    binary,
-                    model.path(),
-                    server_context,
-                    threads,
-                )?),
-                None => None,
-            };
-            let url = match (&server, &args.server_url) {
-                (Some(server), _) => server.url.clone(),
-                (None, Some(url)) => url.clone(),
-                (None, None) => unreachable!("checked above"),
-            };
-            let mut options = RemoteOptions::new(url, args.remote_model.clone());
-            options.context_length = Some(server_context);
-            options.retries = 0;
-            let remote = OpenAiBackend::new(options)?;
+            let (_server, remote) = server_for(
+                server_binary.as_deref(),
+                args,
+                &model,
+                server_context,
+                threads,
+            )?;
             for (i, sample) in samples.iter().enumerate() {
                 for engine in ["local", "server"] {
                     let agent = if engine == "local" {
@@ -165,6 +144,52 @@ pub fn run(global: &Settings, args: &BenchLoopArgs) -> Result<()> {
         }));
     }
     print_table(&measures)
+}
+
+/// The llama-server binary to start for each run, or none when `--server-url` names a
+/// server already running.
+fn server_binary(args: &BenchLoopArgs) -> Result<Option<std::path::PathBuf>> {
+    Ok(match (&args.llama_server, &args.server_url) {
+        (Some(path), None) => Some(check_binary(path)?),
+        (None, Some(_)) => None,
+        (Some(_), Some(_)) => bail!("give --llama-server PATH or --server-url URL, not both"),
+        (None, None) => bail!(
+            "the comparison needs llama.cpp's server: pass --llama-server PATH (the \
+             llama-server binary; it is started on the model file with the threads and \
+             context each profile needs) or --server-url URL of a server already serving \
+             the same model"
+        ),
+    })
+}
+
+/// A fresh llama-server for a run (none with `--server-url`) and the backend that talks
+/// to it, with the profile's context.
+fn server_for(
+    server_binary: Option<&Path>,
+    args: &BenchLoopArgs,
+    model: &memagent_engine::LocalModel,
+    server_context: usize,
+    threads: usize,
+) -> Result<(Option<LlamaServer>, OpenAiBackend)> {
+    let server = match server_binary {
+        Some(binary) => Some(LlamaServer::start(
+            binary,
+            model.path(),
+            server_context,
+            threads,
+        )?),
+        None => None,
+    };
+    let url = match (&server, &args.server_url) {
+        (Some(server), _) => server.url.clone(),
+        (None, Some(url)) => url.clone(),
+        (None, None) => unreachable!("checked above"),
+    };
+    let mut options = RemoteOptions::new(url, args.remote_model.clone());
+    options.context_length = Some(server_context);
+    options.retries = 0;
+    let remote = OpenAiBackend::new(options)?;
+    Ok((server, remote))
 }
 
 fn check_binary(path: &Path) -> Result<std::path::PathBuf> {

@@ -2,6 +2,7 @@
 
 use std::io::Write;
 use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use memagent_recall::{Embedder, Recall};
@@ -40,7 +41,6 @@ fn median_p99(mut v: Vec<f64>) -> (f64, f64) {
 
 /// `memctl bench recall`.
 pub fn bench(global: &Settings, args: &crate::cli::BenchRecallArgs) -> Result<()> {
-    use std::time::Instant;
     let embedder = load_embedder(global)?
         .context("bench recall times the embedder: do not pass --embedder none")?;
     let haystack = super::bench::haystack(None)?;
@@ -50,7 +50,32 @@ pub fn bench(global: &Settings, args: &crate::cli::BenchRecallArgs) -> Result<()
 
     // 1. Embedding throughput beside the engine's projections in the same run.
     let sample = bench_text(&haystack, 60_000);
-    let cut = memagent_recall::passages::cut(&sample);
+    report["embedding"] = embedding_speed(global, &embedder, &sample)?;
+    // 2. Indexing one chunk against the memory step that reads it.
+    report["chunk"] = chunk_share(global, args, &embedder, &sample)?;
+    // 3. Search latency, index size and indexing speed on large streams.
+    let sizes = args
+        .millions
+        .iter()
+        .map(|&millions| large_stream(args, &embedder, &haystack, millions))
+        .collect::<Result<Vec<_>>>()?;
+    report["streams"] = json!(sizes);
+    report["peak_rss_bytes"] = json!(memagent_engine::bench::peak_rss());
+    if args.json {
+        return print_json(&report);
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+    Ok(())
+}
+
+/// Embedding throughput, beside the engine's projections in the same run.
+fn embedding_speed(
+    global: &Settings,
+    embedder: &Embedder,
+    sample: &str,
+) -> Result<serde_json::Value> {
+    let cut = memagent_recall::passages::cut(sample);
     let texts: Vec<&str> = cut
         .closed
         .iter()
@@ -72,19 +97,25 @@ pub fn bench(global: &Settings, args: &crate::cli::BenchRecallArgs) -> Result<()
     let projections = memagent_engine::bench::bench_projections(&model, 512, 3)?;
     let gemm_gflops = projections.gflop_per_second.unwrap_or(0.0);
     eprintln!("engine projections (mm512): {gemm_gflops:.1} GFLOP/s");
-    report["embedding"] = json!({
+    Ok(json!({
         "passages": stats.texts, "tokens": stats.tokens, "seconds": stats.seconds,
         "tokens_per_second": stats.tokens as f64 / stats.seconds,
         "gflops": embed_gflops, "engine_projections_gflops": gemm_gflops,
         "share_of_engine_gemm": embed_gflops / gemm_gflops.max(f64::EPSILON),
-    });
-    drop(model);
+    }))
+}
 
-    // 2. Indexing one chunk against the memory step that reads it.
+/// A chunk indexed, against the memory step that reads it.
+fn chunk_share(
+    global: &Settings,
+    args: &crate::cli::BenchRecallArgs,
+    embedder: &Arc<Embedder>,
+    sample: &str,
+) -> Result<serde_json::Value> {
     let backend = ModelBackend::open(global, &args.run.backend)?;
     let (index_seconds, step_seconds, chunk_tokens) = backend.with_agent(&args.run, |agent| {
         let c = agent.profile.chunk_tokens;
-        let ids = agent.tokenizer().encode(&sample)?;
+        let ids = agent.tokenizer().encode(sample)?;
         let chunk_text = agent.tokenizer().decode(&ids[c..2 * c])?;
         let mut times = Vec::new();
         for round in 0..3 {
@@ -118,92 +149,89 @@ pub fn bench(global: &Settings, args: &crate::cli::BenchRecallArgs) -> Result<()
         step_seconds,
         100.0 * index_seconds / step_seconds
     );
-    report["chunk"] = json!({
+    Ok(json!({
         "tokens": chunk_tokens, "index_seconds": index_seconds, "step_seconds": step_seconds,
         "share": index_seconds / step_seconds,
-    });
+    }))
+}
 
-    // 3. Search latency, index size and indexing speed on large streams.
-    let mut sizes = Vec::new();
-    for &millions in &args.millions {
-        let tokens = (millions * 1e6) as usize;
-        let text = bench_text(&haystack, tokens);
-        let dir = std::env::temp_dir().join(format!(
-            "memctl-bench-recall-{}-{millions}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        let vectors = match (args.words_only, args.random_vectors) {
-            (true, _) => None,
-            (false, true) => Some(Arc::new(Embedder::hashed(embedder.dimensions()))),
-            (false, false) => Some(embedder.clone()),
-        };
-        let recall = Recall::open(&dir, vectors)?;
-        let bytes = text.as_bytes();
-        let started = Instant::now();
-        let mut last = Instant::now();
-        let synced = index_text(&recall, "bench", &text, &mut |at| {
-            if last.elapsed().as_secs() >= 30 {
-                eprintln!(
-                    "  indexed {:.0}% of {millions}M tokens",
-                    100.0 * at as f64 / bytes.len() as f64
-                );
-                last = Instant::now();
-            }
-        })?;
-        let index_seconds = started.elapsed().as_secs_f64();
-        // Queries: five words from random places of the text.
-        let words: Vec<&str> = text.split_whitespace().collect();
-        let mut latencies = Vec::new();
-        for i in 0..args.searches {
-            let at = (i * 7919 * 131) % (words.len() - 5);
-            let query = words[at..at + 5].join(" ");
-            let started = Instant::now();
-            if args.random_vectors {
-                // What the question's real embedding costs; the index embeds it again,
-                // by hash, in no time.
-                embedder.embed(&[&query])?;
-            }
-            recall.search(&memagent_recall::SearchRequest {
-                text: &query,
-                streams: Some(&[1]),
-                k: 8,
-            })?;
-            latencies.push(started.elapsed().as_secs_f64() * 1000.0);
+/// Indexing speed, index size and search latency on a stream of `millions` of tokens.
+fn large_stream(
+    args: &crate::cli::BenchRecallArgs,
+    embedder: &Arc<Embedder>,
+    haystack: &memagent_tasks::Haystack,
+    millions: f64,
+) -> Result<serde_json::Value> {
+    let tokens = (millions * 1e6) as usize;
+    let text = bench_text(haystack, tokens);
+    let dir = std::env::temp_dir().join(format!(
+        "memctl-bench-recall-{}-{millions}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    let vectors = match (args.words_only, args.random_vectors) {
+        (true, _) => None,
+        (false, true) => Some(Arc::new(Embedder::hashed(embedder.dimensions()))),
+        (false, false) => Some(embedder.clone()),
+    };
+    let recall = Recall::open(&dir, vectors)?;
+    let bytes = text.as_bytes();
+    let started = Instant::now();
+    let mut last = Instant::now();
+    let synced = index_text(&recall, "bench", &text, &mut |at| {
+        if last.elapsed().as_secs() >= 30 {
+            eprintln!(
+                "  indexed {:.0}% of {millions}M tokens",
+                100.0 * at as f64 / bytes.len() as f64
+            );
+            last = Instant::now();
         }
-        // The first search reads the vectors of new segments; it is reported apart.
-        let first = latencies[0];
-        let (p50, p99) = median_p99(latencies[1..].to_vec());
-        let size = recall.size_on_disk();
-        eprintln!(
-            "{millions}M tokens ({} bytes, {} passages): indexed in {index_seconds:.0}s; \
-             search p50 {p50:.2} ms, p99 {p99:.2} ms (first {first:.0} ms); index {:.1} MB ({:.1} MB per 1M tokens){}",
-            bytes.len(),
-            synced.passages,
-            size as f64 / 1e6,
-            size as f64 / 1e6 / millions,
-            match (args.words_only, args.random_vectors) {
-                (true, _) => "; words only",
-                (false, true) => "; random vectors, the question embedded for real",
-                (false, false) => "",
-            }
-        );
-        sizes.push(json!({
-            "million_tokens": millions, "bytes": bytes.len(), "passages": synced.passages,
-            "words_only": args.words_only, "random_vectors": args.random_vectors,
-            "index_seconds": index_seconds,
-            "search_ms_p50": p50, "search_ms_p99": p99, "first_search_ms": first,
-            "index_bytes": size, "index_mb_per_million_tokens": size as f64 / 1e6 / millions,
-        }));
-        drop(recall);
-        let _ = std::fs::remove_dir_all(&dir);
+    })?;
+    let index_seconds = started.elapsed().as_secs_f64();
+    // Queries: five words from random places of the text.
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let mut latencies = Vec::new();
+    for i in 0..args.searches {
+        let at = (i * 7919 * 131) % (words.len() - 5);
+        let query = words[at..at + 5].join(" ");
+        let started = Instant::now();
+        if args.random_vectors {
+            // What the question's real embedding costs; the index embeds it again,
+            // by hash, in no time.
+            embedder.embed(&[&query])?;
+        }
+        recall.search(&memagent_recall::SearchRequest {
+            text: &query,
+            streams: Some(&[1]),
+            k: 8,
+        })?;
+        latencies.push(started.elapsed().as_secs_f64() * 1000.0);
     }
-    report["streams"] = json!(sizes);
-    report["peak_rss_bytes"] = json!(memagent_engine::bench::peak_rss());
-    if args.json {
-        return print_json(&report);
-    }
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
-    Ok(())
+    // The first search reads the vectors of new segments; it is reported apart.
+    let first = latencies[0];
+    let (p50, p99) = median_p99(latencies[1..].to_vec());
+    let size = recall.size_on_disk();
+    eprintln!(
+        "{millions}M tokens ({} bytes, {} passages): indexed in {index_seconds:.0}s; \
+         search p50 {p50:.2} ms, p99 {p99:.2} ms (first {first:.0} ms); index {:.1} MB ({:.1} MB per 1M tokens){}",
+        bytes.len(),
+        synced.passages,
+        size as f64 / 1e6,
+        size as f64 / 1e6 / millions,
+        match (args.words_only, args.random_vectors) {
+            (true, _) => "; words only",
+            (false, true) => "; random vectors, the question embedded for real",
+            (false, false) => "",
+        }
+    );
+    let row = json!({
+        "million_tokens": millions, "bytes": bytes.len(), "passages": synced.passages,
+        "words_only": args.words_only, "random_vectors": args.random_vectors,
+        "index_seconds": index_seconds,
+        "search_ms_p50": p50, "search_ms_p99": p99, "first_search_ms": first,
+        "index_bytes": size, "index_mb_per_million_tokens": size as f64 / 1e6 / millions,
+    });
+    drop(recall);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(row)
 }

@@ -105,11 +105,6 @@ pub fn print_data(global: &Settings, args: &TrainDataArgs) -> Result<()> {
 pub fn train(global: &Settings, args: &TrainArgs) -> Result<()> {
     let a = &args.run;
     let model_path = global.model_path()?;
-    let targets = a
-        .targets
-        .iter()
-        .map(|t| t.parse::<Target>())
-        .collect::<Result<Vec<_>, _>>()?;
     let mut data = task_data(&model_path, &a.data)?;
     if let Some(share) = a.generated_general_share {
         if a.examples.is_empty() {
@@ -117,39 +112,7 @@ pub fn train(global: &Settings, args: &TrainArgs) -> Result<()> {
         }
         data.config.general_share = share;
     }
-    let config = TrainConfig {
-        lora: LoraConfig {
-            rank: a.rank,
-            alpha: a.alpha,
-            targets,
-            top_layers: a.top_layers,
-        },
-        optim: AdamWConfig {
-            weight_decay: a.weight_decay,
-            ..AdamWConfig::default()
-        },
-        steps: a.steps,
-        batch: a.batch,
-        learning_rate: a.lr,
-        warmup: a.warmup,
-        min_lr_ratio: 0.1,
-        clip_norm: a.clip,
-        checkpoint_every: a.checkpoint_every,
-        eval_every: a.eval_every,
-        eval_examples: a.eval_examples,
-        init_seed: a.init_seed,
-        init_from: a.init_from.clone(),
-        data: {
-            let mut d = serde_json::to_value(data.config)?;
-            d["new_fact_weight"] = data.new_fact_weight.into();
-            if !a.examples.is_empty() {
-                d["examples"] = serde_json::json!(a.examples);
-                d["examples_share"] = a.examples_share.into();
-                d["examples_general_share"] = a.data.general_share.into();
-            }
-            d
-        },
-    };
+    let config = train_config(a, &data)?;
     keep_freed_memory();
     if let Some(updates) = a.bench {
         return bench(global, &model_path, config, &data, updates, a.json);
@@ -250,7 +213,62 @@ pub fn train(global: &Settings, args: &TrainArgs) -> Result<()> {
         }
     }
     // A stopped run's adapter is written too: what was learned so far is usable.
-    let adapter = a.out.join("adapter.safetensors");
+    write_adapter(&run, &a.out, &model_path, &base_sha256, &log, finished)
+}
+
+/// The run's configuration from the command line, with the data it trains on recorded.
+fn train_config(a: &crate::cli::TrainRunArgs, data: &TaskData) -> Result<TrainConfig> {
+    let targets = a
+        .targets
+        .iter()
+        .map(|t| t.parse::<Target>())
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(TrainConfig {
+        lora: LoraConfig {
+            rank: a.rank,
+            alpha: a.alpha,
+            targets,
+            top_layers: a.top_layers,
+        },
+        optim: AdamWConfig {
+            weight_decay: a.weight_decay,
+            ..AdamWConfig::default()
+        },
+        steps: a.steps,
+        batch: a.batch,
+        learning_rate: a.lr,
+        warmup: a.warmup,
+        min_lr_ratio: 0.1,
+        clip_norm: a.clip,
+        checkpoint_every: a.checkpoint_every,
+        eval_every: a.eval_every,
+        eval_examples: a.eval_examples,
+        init_seed: a.init_seed,
+        init_from: a.init_from.clone(),
+        data: {
+            let mut d = serde_json::to_value(data.config)?;
+            d["new_fact_weight"] = data.new_fact_weight.into();
+            if !a.examples.is_empty() {
+                d["examples"] = serde_json::json!(a.examples);
+                d["examples_share"] = a.examples_share.into();
+                d["examples_general_share"] = a.data.general_share.into();
+            }
+            d
+        },
+    })
+}
+
+/// Writes the run's adapter and its manifest (how it was made: base model, data,
+/// command, configuration, metrics) into `out`.
+fn write_adapter(
+    run: &Run,
+    out: &Path,
+    model_path: &Path,
+    base_sha256: &str,
+    log: &[memagent_trainer::LogLine],
+    finished: bool,
+) -> Result<()> {
+    let adapter = out.join("adapter.safetensors");
     run.export_adapter(&adapter)?;
     let seconds: f64 = log.iter().map(|l| l.seconds).sum();
     let tokens: usize = log.iter().map(|l| l.tokens).sum();
@@ -277,7 +295,7 @@ pub fn train(global: &Settings, args: &TrainArgs) -> Result<()> {
         },
     });
     std::fs::write(
-        a.out.join("adapter.json"),
+        out.join("adapter.json"),
         serde_json::to_vec_pretty(&manifest)?,
     )?;
     println!(
