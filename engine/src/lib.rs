@@ -23,6 +23,7 @@ mod chat;
 mod device;
 mod error;
 mod gguf;
+mod kernels;
 mod model;
 mod models;
 pub mod prefix;
@@ -41,14 +42,14 @@ pub use chat::{builtin_template, ChatTemplate, Message};
 pub use device::open_device;
 pub use error::{Error, Result};
 pub use gguf::{sha256_file, GgufFile};
+pub use kernels::{
+    for_chunks, gemm_n, gemm_t, integer_prefill_kernel, integer_prefill_types,
+    integer_products_fast, matmul_t, prefer_integer_kernel, IntegerWeight,
+};
 pub use model::{
     repeated_tail, DecodeStats, GenerateOptions, Generation, LoadOptions, LocalModel, ModelInfo,
     PrefillWeights, StopReason, WeightPlan, DEFAULT_DRAFT_TOKENS,
 };
-pub use models::{
-    for_chunks, gemm_n, gemm_t, integer_prefill_kernel, integer_prefill_types,
-    integer_products_fast, matmul_t, prefer_integer_kernel, rope_tables, Architecture, Config,
-    IntegerWeight, KvCache, Transformer,
-};
+pub use models::{rope_tables, Architecture, Config, KvCache, Transformer};
 pub use sampling::{argmax, SamplingParams};
 pub use tokenizer::Tokenizer;

@@ -1,32 +1,15 @@
 //! Decoder-only transformers loaded from GGUF: the shared block code lives in
-//! `transformer`, each architecture has a file that reads its configuration.
+//! `transformer`, each architecture has a file that reads its configuration; the
+//! products, attention and norms they run are [`crate::kernels`]'.
 
-mod attention;
-mod blocks;
-#[cfg(x86_avx2)]
-mod cache_attention;
-mod dense;
 mod gemma3;
-mod int_gemm;
-mod kquants;
-mod linear;
 mod llama;
-mod low_rank;
 mod phi3;
-mod pool;
 mod qwen2;
 mod qwen3;
-mod rows;
-mod rowwise;
-mod softmax;
 mod transformer;
 
-pub use dense::{gemm_n, gemm_t, matmul_t};
-pub use int_gemm::{
-    integer_prefill_kernel, integer_products_fast, prefer_integer_kernel, IntegerWeight,
-};
-pub use linear::{integer_prefill_types, PrefillWeights, WeightPlan};
-pub use pool::for_chunks;
+pub use crate::kernels::{PrefillWeights, WeightPlan};
 pub use transformer::{rope_tables, KvCache, Transformer};
 
 use crate::error::{Error, Result};

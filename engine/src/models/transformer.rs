@@ -7,12 +7,12 @@ use std::sync::Arc;
 use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Tensor};
 
-use super::attention::causal_attention;
-use super::linear::{Head, Linear, WeightPlan, DENSE_MIN_ROWS};
-use super::low_rank::LowRank;
 use super::{Activation, Config};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
+use crate::kernels::attention::causal_attention;
+use crate::kernels::linear::{Head, Linear, WeightPlan, DENSE_MIN_ROWS};
+use crate::kernels::low_rank::LowRank;
 
 /// Prompt tokens processed per forward pass during prefill: bounds activation memory
 /// whatever the prompt length (llama.cpp's default micro-batch is the same size).
@@ -326,7 +326,7 @@ impl Transformer {
             .collect::<Result<Vec<_>>>()?;
         let mut x = self.embed_tokens(&ids)?;
         for (i, block) in self.blocks.iter().enumerate() {
-            let h = super::rowwise::rms_norm(&x, &block.attn_norm, cfg.rms_eps)?;
+            let h = crate::kernels::rowwise::rms_norm(&x, &block.attn_norm, cfg.rms_eps)?;
             let qkv = block.wqkv.forward(&h, adapted)?;
             let mut ys = Vec::with_capacity(inputs.len());
             let mut at = 0;
@@ -343,7 +343,7 @@ impl Transformer {
         for (ids, cache) in inputs.iter_mut() {
             cache.len += ids.len();
         }
-        let x = super::rowwise::rms_norm(&x, &self.norm, cfg.rms_eps)?;
+        let x = crate::kernels::rowwise::rms_norm(&x, &self.norm, cfg.rms_eps)?;
         let logits = self
             .lm_head
             .forward(&x)?
@@ -391,8 +391,8 @@ impl Transformer {
         let mut k = heads(nq, cfg.n_kv_head)?;
         let v = heads(nq + nkv, cfg.n_kv_head)?;
         if let Some((qn, kn)) = &self.blocks[layer].qk_norm {
-            q = super::rowwise::rms_norm(&q, qn, cfg.rms_eps)?;
-            k = super::rowwise::rms_norm(&k, kn, cfg.rms_eps)?;
+            q = crate::kernels::rowwise::rms_norm(&q, qn, cfg.rms_eps)?;
+            k = crate::kernels::rowwise::rms_norm(&k, kn, cfg.rms_eps)?;
         }
         let (q, k) = if cfg.rope_interleaved {
             (
@@ -490,7 +490,7 @@ impl Transformer {
         let angles = self.angles(offset, t)?;
         let mut x = self.embed_tokens(ids)?;
         for (i, block) in self.blocks.iter().enumerate() {
-            let h = super::rowwise::rms_norm(&x, &block.attn_norm, cfg.rms_eps)?;
+            let h = crate::kernels::rowwise::rms_norm(&x, &block.attn_norm, cfg.rms_eps)?;
             let adapted = cache.adapted;
             let qkv = block.wqkv.forward(&h, adapted)?;
             let y = self.attention(i, &qkv, cache, offset, &angles)?;
@@ -503,7 +503,7 @@ impl Transformer {
             Logits::All => x,
         };
         let rows = x.dim(1)?;
-        let x = super::rowwise::rms_norm(&x, &self.norm, cfg.rms_eps)?;
+        let x = crate::kernels::rowwise::rms_norm(&x, &self.norm, cfg.rms_eps)?;
         let logits = self.lm_head.forward(&x)?.to_dtype(DType::F32)?;
         Ok(Some(match want {
             Logits::All => logits.reshape((b, rows, cfg.vocab_size))?,
@@ -539,17 +539,17 @@ impl Transformer {
         let cfg = &self.config;
         let post = |t: Tensor, which: fn(&(Tensor, Tensor)) -> &Tensor| -> Result<Tensor> {
             match &block.post_norms {
-                Some(norms) => super::rowwise::rms_norm(&t, which(norms), cfg.rms_eps),
+                Some(norms) => crate::kernels::rowwise::rms_norm(&t, which(norms), cfg.rms_eps),
                 None => Ok(t),
             }
         };
         let a = post(block.wo.forward(y, adapted)?, |n| &n.0)?;
         let x = (x + a)?;
-        let h = super::rowwise::rms_norm(&x, &block.ffn_norm, cfg.rms_eps)?;
+        let h = crate::kernels::rowwise::rms_norm(&x, &block.ffn_norm, cfg.rms_eps)?;
         let gate_up = block.w_gate_up.forward(&h, adapted)?;
         let ff = match cfg.activation {
-            Activation::Silu => super::rowwise::swiglu(&gate_up)?,
-            Activation::GeluTanh => super::rowwise::geglu(&gate_up)?,
+            Activation::Silu => crate::kernels::rowwise::swiglu(&gate_up)?,
+            Activation::GeluTanh => crate::kernels::rowwise::geglu(&gate_up)?,
         };
         let d = post(block.w_down.forward(&ff, adapted)?, |n| &n.1)?;
         Ok((x + d)?)
@@ -818,7 +818,7 @@ fn adapted_linear(
         return Ok(Linear::fused(parts, plan, device)?.with_low_rank(update));
     }
     let cpu = &Device::Cpu;
-    let bias = super::linear::fused_bias(&parts, device)?;
+    let bias = crate::kernels::linear::fused_bias(&parts, device)?;
     let (mut base, mut merged) = (Vec::new(), Vec::new());
     for ((w, _), name) in parts.iter().zip(names) {
         let w = w.dequantize(cpu)?;

@@ -389,7 +389,7 @@ mod tests {
                 let (kt, vt) = (room(&k), room(&v));
                 let qt = Tensor::from_slice(&q, (1, n_head, t, d), &dev).unwrap();
                 let flat = |x: Tensor| -> Vec<f32> { x.flatten_all().unwrap().to_vec1().unwrap() };
-                let op = crate::models::cache_attention::CacheAttention {
+                let op = crate::kernels::cache_attention::CacheAttention {
                     offset,
                     scale: 1.0 / (d as f32).sqrt(),
                     block: query_block(1, n_head, t, offset),

@@ -768,7 +768,7 @@ mod tests {
     use candle_core::{Device, Tensor};
 
     use super::*;
-    use crate::models::linear::probe_values;
+    use crate::kernels::linear::probe_values;
 
     const TYPES: [GgmlDType; 7] = [
         GgmlDType::Q4_0,

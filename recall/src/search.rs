@@ -1,0 +1,253 @@
+//! Search: passages ranked by words (BM25) and by meaning (the question's embedding
+//! against each passage's vector), the two rankings fused by reciprocal rank.
+
+use super::*;
+
+/// A search.
+pub struct SearchRequest<'a> {
+    pub text: &'a str,
+    /// Stream ids to search; `None`: every stream.
+    pub streams: Option<&'a [u64]>,
+    pub k: usize,
+}
+
+/// One passage found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hit {
+    pub stream: String,
+    pub stream_id: u64,
+    /// Byte range of the stream's log.
+    pub start: u64,
+    pub end: u64,
+    pub text: String,
+    pub source: Option<String>,
+    pub line: Option<u64>,
+    /// The chat turn's time, when it has one.
+    pub time: Option<String>,
+    /// Fused score: Σ 1/(60 + rank) over the rankings that found it.
+    pub score: f64,
+    /// 1-based rank by words (BM25) and by meaning, where each found it.
+    pub bm25_rank: Option<usize>,
+    pub vector_rank: Option<usize>,
+    /// Cosine similarity to the query, when ranked by meaning.
+    pub similarity: Option<f32>,
+}
+
+/// A candidate of the fusion.
+struct Fused {
+    address: DocAddress,
+    score: f64,
+    bm25_rank: Option<usize>,
+    vector_rank: Option<usize>,
+    similarity: Option<f32>,
+}
+
+impl Fused {
+    fn new(address: DocAddress) -> Self {
+        Self {
+            address,
+            score: 0.0,
+            bm25_rank: None,
+            vector_rank: None,
+            similarity: None,
+        }
+    }
+}
+
+impl Recall {
+    /// The best `k` passages for `request.text`: BM25 and (with an embedder) vector
+    /// rankings of up to 50 candidates each, fused by reciprocal rank.
+    pub fn search(&self, request: &SearchRequest<'_>) -> Result<Vec<Hit>> {
+        let searcher = self.reader.searcher();
+        let stream_filter = |id: u64| request.streams.is_none_or(|s| s.contains(&id));
+        // Candidates by position (stream, start): equal scores rank the earlier passage
+        // first, so results do not depend on how segments happen to be laid out.
+        let mut fused: HashMap<(u64, u64), Fused> = HashMap::new();
+        // By words.
+        if let Some(query) = self.word_query(request) {
+            let top = searcher
+                .search(&*query, &TopDocs::with_limit(CANDIDATES).order_by_score())
+                .map_err(|e| self.err(e))?;
+            let mut scored = Vec::with_capacity(top.len());
+            for (score, address) in top {
+                scored.push((score, self.position(&searcher, address)?, address));
+            }
+            scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            for (rank, (_, position, address)) in scored.into_iter().enumerate() {
+                let e = fused.entry(position).or_insert_with(|| Fused::new(address));
+                e.score += 1.0 / (RRF_K + rank as f64 + 1.0);
+                e.bm25_rank = Some(rank + 1);
+            }
+        }
+        // By meaning.
+        if let Some(embedder) = &self.embedder {
+            let query = embedder.embed(&[request.text])?.remove(0);
+            let mut scored: Vec<(f32, (u64, u64), DocAddress)> = Vec::new();
+            let mut cache = self.vectors.lock().expect("recall vectors");
+            let live: Vec<SegmentId> = searcher
+                .segment_readers()
+                .iter()
+                .map(|s| s.segment_id())
+                .collect();
+            cache.retain(|id, _| live.contains(id));
+            for (ord, segment) in searcher.segment_readers().iter().enumerate() {
+                let vectors = match cache.get(&segment.segment_id()) {
+                    Some(v) => v.clone(),
+                    None => {
+                        let v = Arc::new(self.load_vectors(segment)?);
+                        cache.insert(segment.segment_id(), v.clone());
+                        v
+                    }
+                };
+                let alive = segment.alive_bitset();
+                for (i, &(doc, stream, start, scale)) in vectors.docs.iter().enumerate() {
+                    if !stream_filter(stream) || alive.is_some_and(|a| a.is_deleted(doc)) {
+                        continue;
+                    }
+                    let q = &vectors.values[i * vectors.dims..(i + 1) * vectors.dims];
+                    let s = dot_i8(q, &query);
+                    scored.push((s * scale, (stream, start), DocAddress::new(ord as u32, doc)));
+                }
+            }
+            // Only the best candidates are ranked: select them, then sort those.
+            let order = |a: &(f32, (u64, u64), DocAddress), b: &(f32, (u64, u64), DocAddress)| {
+                b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
+            };
+            if scored.len() > CANDIDATES {
+                scored.select_nth_unstable_by(CANDIDATES - 1, order);
+                scored.truncate(CANDIDATES);
+            }
+            scored.sort_by(order);
+            for (rank, (similarity, position, address)) in
+                scored.into_iter().take(CANDIDATES).enumerate()
+            {
+                let e = fused.entry(position).or_insert_with(|| Fused::new(address));
+                e.score += 1.0 / (RRF_K + rank as f64 + 1.0);
+                e.vector_rank = Some(rank + 1);
+                e.similarity = Some(similarity);
+            }
+        }
+        let mut ranked: Vec<_> = fused.into_iter().collect();
+        // Equal fused scores go to the better word rank, then to the earlier passage.
+        ranked.sort_by(|a, b| {
+            b.1.score
+                .total_cmp(&a.1.score)
+                .then(
+                    a.1.bm25_rank
+                        .unwrap_or(usize::MAX)
+                        .cmp(&b.1.bm25_rank.unwrap_or(usize::MAX)),
+                )
+                .then(a.0.cmp(&b.0))
+        });
+        let mut hits = Vec::new();
+        for (_, found) in ranked.into_iter().take(request.k) {
+            let Fused {
+                address,
+                score,
+                bm25_rank,
+                vector_rank,
+                similarity,
+            } = found;
+            let doc: TantivyDocument = searcher.doc(address).map_err(|e| self.err(e))?;
+            let text_of = |f: Field| doc.get_first(f).and_then(|v| v.as_str()).map(String::from);
+            let u64_of = |f: Field| doc.get_first(f).and_then(|v| v.as_u64());
+            hits.push(Hit {
+                stream: text_of(self.f.stream).unwrap_or_default(),
+                stream_id: u64_of(self.f.stream_id).unwrap_or_default(),
+                start: u64_of(self.f.start).unwrap_or_default(),
+                end: u64_of(self.f.end).unwrap_or_default(),
+                text: text_of(self.f.text).unwrap_or_default(),
+                source: text_of(self.f.source),
+                line: u64_of(self.f.line),
+                time: text_of(self.f.time),
+                score,
+                bm25_rank,
+                vector_rank,
+                similarity,
+            });
+        }
+        Ok(hits)
+    }
+
+    /// Where a document's passage lies: its stream and start.
+    fn position(&self, searcher: &tantivy::Searcher, address: DocAddress) -> Result<(u64, u64)> {
+        let fast = searcher.segment_reader(address.segment_ord).fast_fields();
+        let column = |name: &str| -> Result<u64> {
+            let col = fast.u64(name).map_err(|e| self.err(e))?;
+            Ok(col.first(address.doc_id).unwrap_or_default())
+        };
+        Ok((column("stream_id")?, column("start")?))
+    }
+
+    /// Every word of the query as a term (any may match, BM25 ranks), restricted to the
+    /// requested streams; `None` when the text has no word.
+    fn word_query(&self, request: &SearchRequest<'_>) -> Option<Box<dyn Query>> {
+        let mut analyzer = self.index.tokenizers().get("en_stem")?;
+        let mut terms = Vec::new();
+        let mut stream = analyzer.token_stream(request.text);
+        while let Some(token) = stream.next() {
+            let term = Term::from_field_text(self.f.text, &token.text);
+            if !terms.contains(&term) {
+                terms.push(term);
+            }
+        }
+        if terms.is_empty() {
+            return None;
+        }
+        let words: Vec<(Occur, Box<dyn Query>)> = terms
+            .into_iter()
+            .map(|t| {
+                let q: Box<dyn Query> = Box::new(TermQuery::new(t, IndexRecordOption::WithFreqs));
+                (Occur::Should, q)
+            })
+            .collect();
+        let mut clauses: Vec<(Occur, Box<dyn Query>)> =
+            vec![(Occur::Must, Box::new(BooleanQuery::new(words)))];
+        if let Some(ids) = request.streams {
+            let any: Vec<(Occur, Box<dyn Query>)> = ids
+                .iter()
+                .map(|&id| {
+                    let q: Box<dyn Query> = Box::new(TermQuery::new(
+                        Term::from_field_u64(self.f.stream_id, id),
+                        IndexRecordOption::Basic,
+                    ));
+                    (Occur::Should, q)
+                })
+                .collect();
+            clauses.push((Occur::Must, Box::new(BooleanQuery::new(any))));
+        }
+        Some(Box::new(BooleanQuery::new(clauses)))
+    }
+
+    /// The vectors of one segment's passages, read from its stored documents once.
+    fn load_vectors(&self, segment: &tantivy::SegmentReader) -> Result<SegmentVectors> {
+        let store = segment
+            .get_store_reader(64)
+            .map_err(|e| self.err(e.into()))?;
+        let mut out = SegmentVectors {
+            docs: Vec::new(),
+            values: Vec::new(),
+            dims: self.embedder.as_ref().map_or(0, |e| e.dimensions()),
+        };
+        for doc in 0..segment.max_doc() {
+            let d: TantivyDocument = store.get(doc).map_err(|e| self.err(e))?;
+            let Some(bytes) = d.get_first(self.f.vector).and_then(|v| v.as_bytes()) else {
+                continue;
+            };
+            let Some(stream) = d.get_first(self.f.stream_id).and_then(|v| v.as_u64()) else {
+                continue;
+            };
+            if bytes.len() != 4 + out.dims {
+                continue;
+            }
+            let start = d
+                .get_first(self.f.start)
+                .and_then(|v| v.as_u64())
+                .unwrap_or_default();
+            let scale = f32::from_le_bytes(bytes[..4].try_into().expect("4 bytes"));
+            out.docs.push((doc, stream, start, scale));
+            out.values.extend(bytes[4..].iter().map(|&b| b as i8));
+        }
+        Ok(out)
+    }
+}
