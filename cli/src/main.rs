@@ -1,4 +1,10 @@
 //! `memctl`: the command-line interface of memagent.
+//!
+//! Glue over the libraries: clap's syntax (`cli`), flags, variables and the
+//! configuration file resolved once into settings (`settings`), one module per
+//! user-facing command (`commands`), and the benchmark and training harnesses
+//! (`harness`). It owns output, exit codes (0 ok, 1 error, 2 usage) and logging; how
+//! memory is read and questions answered is `memagent_memory`'s, never decided here.
 
 mod cli;
 mod commands;
