@@ -338,11 +338,6 @@ pub fn peak_rss() -> Option<u64> {
     proc_status_bytes("VmHWM:")
 }
 
-/// Resident set size now (VmRSS) in bytes, where the platform reports it.
-pub fn current_rss() -> Option<u64> {
-    proc_status_bytes("VmRSS:")
-}
-
 /// A `kB` field of `/proc/self/status`, in bytes.
 fn proc_status_bytes(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;

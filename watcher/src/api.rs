@@ -256,14 +256,15 @@ async fn status(State(state): State<AppState>) -> ApiResult {
             row.extend(extra);
         }
     }
+    let (rss, peak_rss) = crate::stats::resident_memory();
     Ok(Json(json!({
         "daemon": *state.info,
         "uptime_seconds": stats.started.elapsed().as_secs_f64(),
         "files": stats.files,
         "scans": stats.scans,
         "busy": stats.busy,
-        "rss_bytes": memagent_engine::bench::current_rss(),
-        "peak_rss_bytes": memagent_engine::bench::peak_rss(),
+        "rss_bytes": rss,
+        "peak_rss_bytes": peak_rss,
         "streams": rows,
     })))
 }

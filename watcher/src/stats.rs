@@ -5,6 +5,20 @@ use std::time::{Instant, SystemTime};
 
 use memagent_memory::StepOutcome;
 
+/// The daemon's resident memory now and at its peak, in bytes (`VmRSS` and `VmHWM` of
+/// /proc/self/status; `None` where the system has no such file).
+pub(crate) fn resident_memory() -> (Option<u64>, Option<u64>) {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return (None, None);
+    };
+    let kib = |field: &str| -> Option<u64> {
+        let rest = status.lines().find_map(|l| l.strip_prefix(field))?;
+        let kib: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
+        Some(kib * 1024)
+    };
+    (kib("VmRSS:"), kib("VmHWM:"))
+}
+
 /// Lags kept per stream for the percentiles.
 const LAG_SAMPLES: usize = 4096;
 
