@@ -15,11 +15,9 @@ use crate::settings::Settings;
 
 pub fn run(global: &Settings, args: &AskArgs) -> Result<()> {
     let document = super::read_document(args.file.as_deref())?;
-    let backend = ModelBackend::open(global, &args.run.backend)?;
+    let backend = ModelBackend::open(global, &args.run)?;
     if args.direct {
-        let report = backend.with_agent(&args.run, |agent| {
-            Ok(agent.direct(&document, &args.question)?)
-        })?;
+        let report = backend.with_agent(|agent| Ok(agent.direct(&document, &args.question)?))?;
         return print_direct(args, &report);
     }
     let show_progress = !global.quiet && !args.json && std::io::stderr().is_terminal();
@@ -34,7 +32,7 @@ pub fn run(global: &Settings, args: &AskArgs) -> Result<()> {
             args.passages,
         )?),
     };
-    let (run, evidence) = backend.with_agent(&args.run, |agent| {
+    let (run, evidence) = backend.with_agent(|agent| {
         let run = agent.run(&document, &args.question, &mut |p| display.on(p))?;
         let evidence = match found {
             None => None,

@@ -158,11 +158,11 @@ fn start_engine(
         .name("memagent-engine".into())
         .spawn(move || {
             let served = (|| -> Result<()> {
-                let backend = ModelBackend::open(&global, &run.backend)?;
+                let backend = ModelBackend::open(&global, &run)?;
                 let (model, sha) = backend.identity()?;
-                let writer = backend.writer(&run.profile)?;
-                let embedder = backend.writer_embedder(&global, &run.profile)?;
-                backend.with_agent(&run, |agent| {
+                let writer = backend.writer();
+                let embedder = backend.writer_embedder(&global)?;
+                backend.with_agent(|agent| {
                     agent.budget("")?;
                     let _ = ready_tx.send(Ok((model.clone(), agent.profile)));
                     let ingestor = memagent_memory::Ingestor::new(&store, agent, &model, &sha)

@@ -152,7 +152,7 @@ impl Shared {
         // A call that panicked while holding it leaves a usable model.
         let mut guard = self.model.lock().unwrap_or_else(|e| e.into_inner());
         if guard.is_none() {
-            *guard = Some(ModelBackend::open(&self.global, &self.run.backend)?);
+            *guard = Some(ModelBackend::open(&self.global, &self.run)?);
         }
         Ok(guard)
     }
@@ -188,16 +188,9 @@ impl Shared {
         let appended = store.append_with(&p.stream, text.as_bytes(), None, false)?;
         let guard = self.model()?;
         let backend = guard.as_ref().expect("loaded above");
-        let steps = read_pending(
-            &self.global,
-            &store,
-            backend,
-            &self.run,
-            &p.stream,
-            |step| {
-                tracing::info!("{step}");
-            },
-        )?;
+        let steps = read_pending(&self.global, &store, backend, &p.stream, |step| {
+            tracing::info!("{step}");
+        })?;
         let version = steps.last().map(|s| s.version.version);
         let said = format!(
             "appended {} bytes to `{}`; read {} chunk(s) into memory{}",
@@ -241,7 +234,7 @@ impl Shared {
                     .map_err(super::db::memory_error)?;
                 let guard = self.model()?;
                 let backend = guard.as_ref().expect("loaded above");
-                local_answers(&store, backend, &self.run, &query, plan, &mut |_, _, _| {})?
+                local_answers(&store, backend, &query, plan, &mut |_, _, _| {})?
             }
         }
         .pop()

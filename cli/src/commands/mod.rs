@@ -103,13 +103,24 @@ pub(crate) fn load_model(global: &Settings) -> Result<LocalModel> {
 }
 
 /// The model behind the memory loop: the local GGUF model, or a remote server with the
-/// tokenizer that cuts documents for it; with the configuration file's profile
-/// overrides.
+/// tokenizer that cuts documents for it; with the loop's settings for the command,
+/// resolved once when it opens.
 pub struct ModelBackend {
     inner: Inner,
-    profile: settings::ProfileConfig,
+    tuning: Tuning,
     /// The model's name and file sha256, once hashed.
     identity: std::sync::OnceLock<(String, String)>,
+}
+
+/// How one command runs the loop: flags over the configuration file over the model's
+/// own defaults, resolved once.
+struct Tuning {
+    profile: Profile,
+    reading: memagent_agent::Reading,
+    writer: memagent_agent::Writer,
+    final_form: memagent_agent::FinalForm,
+    sampling: SamplingParams,
+    draft_tokens: usize,
 }
 
 // One value per process: the size difference between variants does not matter.
@@ -126,15 +137,38 @@ enum Inner {
 
 impl ModelBackend {
     /// Opens the backend that flags, environment and the configuration file choose (in
-    /// that order).
-    pub fn open(global: &Settings, args: &BackendArgs) -> Result<Self> {
+    /// that order), with the loop's settings for `run`.
+    pub fn open(global: &Settings, run: &LoopArgs) -> Result<Self> {
         let config = global.config()?;
-        let inner = Self::open_inner(global, args, &config.backend)?;
+        let inner = Self::open_inner(global, &run.backend, &config.backend)?;
+        let resolve = Resolve {
+            inner: &inner,
+            config: &config.profile,
+            overrides: &run.profile,
+        };
+        let tuning = Tuning {
+            profile: resolve.profile()?,
+            reading: resolve.reading()?,
+            writer: resolve.writer()?,
+            final_form: run.profile.final_template,
+            sampling: run.sampling.params(),
+            draft_tokens: run.sampling.draft_tokens,
+        };
         Ok(Self {
             inner,
-            profile: config.profile.clone(),
+            tuning,
             identity: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The loop's profile: chunk, memory and answer sizes.
+    pub fn profile(&self) -> Profile {
+        self.tuning.profile
+    }
+
+    /// How the general memory is written.
+    pub fn writer(&self) -> memagent_agent::Writer {
+        self.tuning.writer
     }
 
     fn open_inner(
@@ -212,10 +246,61 @@ impl ModelBackend {
         Ok(self.identity.get_or_init(|| identity).clone())
     }
 
+    /// The embedder the line writer compares lines with, when it writes the memory.
+    pub fn writer_embedder(
+        &self,
+        global: &Settings,
+    ) -> Result<Option<std::sync::Arc<memagent_recall::Embedder>>> {
+        match self.tuning.writer {
+            memagent_agent::Writer::Lines => recall::load_embedder(global),
+            memagent_agent::Writer::Rewrite => Ok(None),
+        }
+    }
+
+    /// Runs `f` with a memory agent over this backend.
+    pub fn with_agent<R>(&self, f: impl FnOnce(&MemoryAgent<'_>) -> Result<R>) -> Result<R> {
+        let t = &self.tuning;
+        let configure = |mut agent: MemoryAgent<'_>| {
+            agent.final_form = t.final_form;
+            agent.reading = t.reading;
+            agent.sampling = t.sampling;
+            agent.draft_tokens = t.draft_tokens;
+            f(&agent)
+        };
+        let chosen = t.profile;
+        match &self.inner {
+            Inner::Local(model) => configure(MemoryAgent::new(model, model.tokenizer(), chosen)),
+            Inner::Remote {
+                backend,
+                tokenizer: Some(tokenizer),
+                ..
+            } => configure(MemoryAgent::new(backend, tokenizer, chosen)),
+            Inner::Remote {
+                backend,
+                tokenizer: None,
+                ..
+            } => {
+                let remote = RemoteTokenizer::connect(backend)?;
+                let tokenizer: &dyn TextTokenizer = &remote;
+                configure(MemoryAgent::new(backend, tokenizer, chosen))
+            }
+        }
+    }
+}
+
+/// The loop's settings resolved from a command's flags, the configuration file's
+/// `[profile]` and the model itself.
+struct Resolve<'a> {
+    inner: &'a Inner,
+    config: &'a settings::ProfileConfig,
+    overrides: &'a ProfileArgs,
+}
+
+impl Resolve<'_> {
     /// The model's own profile (--profile, else from its size), before the sizes given
     /// on the command line or in the config file.
-    fn model_profile(&self, overrides: &ProfileArgs) -> Result<Profile> {
-        Ok(match (&self.inner, overrides.profile) {
+    fn model_profile(&self) -> Result<Profile> {
+        Ok(match (self.inner, self.overrides.profile) {
             (_, Some(kind)) => kind.profile(),
             (Inner::Local(model), None) => {
                 Profile::for_model(model.name(), Some(model.parameters()))
@@ -233,10 +318,10 @@ impl ModelBackend {
                 else {
                     anyhow::bail!(
                         "the size of the remote model {name} is unknown, so the loop \
-                         cannot choose its chunk and memory sizes: pass --profile small \
-                         (models under 1B parameters: C = 1024, M = 256) or --profile \
-                         paper (C = 5000, M = 1024), or --tokenizer with the served \
-                         model's GGUF file"
+                             cannot choose its chunk and memory sizes: pass --profile small \
+                             (models under 1B parameters: C = 1024, M = 256) or --profile \
+                             paper (C = 5000, M = 1024), or --tokenizer with the served \
+                             model's GGUF file"
                     );
                 };
                 Profile::for_model(name, Some(parameters))
@@ -245,10 +330,11 @@ impl ModelBackend {
     }
 
     /// The model's default profile with the command line's overrides.
-    pub fn profile(&self, overrides: &ProfileArgs) -> Result<Profile> {
+    fn profile(&self) -> Result<Profile> {
+        let overrides = self.overrides;
         // The model's own profile, needed only for the sizes nothing else gives.
-        let base = || self.model_profile(overrides);
-        let config = &self.profile;
+        let base = || self.model_profile();
+        let config = self.config;
         let size = |given: Option<usize>, from: fn(&Profile) -> usize| -> Result<usize> {
             match given {
                 Some(n) => Ok(n),
@@ -270,15 +356,15 @@ impl ModelBackend {
 
     /// How the general memory is written: --writer, else the config file's, else the
     /// one the model's adapter was trained for, else rewrite.
-    pub fn writer(&self, overrides: &ProfileArgs) -> Result<memagent_agent::Writer> {
-        if let Some(w) = overrides.writer {
+    fn writer(&self) -> Result<memagent_agent::Writer> {
+        if let Some(w) = self.overrides.writer {
             return Ok(w);
         }
-        match &self.profile.writer {
+        match &self.config.writer {
             Some(name) => name
                 .parse()
                 .with_context(|| "`writer` under [profile] in the configuration file".to_string()),
-            None => Ok(match &self.inner {
+            None => Ok(match self.inner {
                 Inner::Local(model) => memagent_agent::adapter_writer(model).unwrap_or_default(),
                 Inner::Remote { .. } => memagent_agent::Writer::default(),
             }),
@@ -288,67 +374,21 @@ impl ModelBackend {
     /// How question-mode steps read their chunk: --reading, else the config file's,
     /// else focused for models of the small profile and whole for the others (the
     /// RL-trained checkpoints read whole chunks).
-    pub fn reading(&self, overrides: &ProfileArgs) -> Result<memagent_agent::Reading> {
-        if let Some(r) = overrides.reading {
+    fn reading(&self) -> Result<memagent_agent::Reading> {
+        if let Some(r) = self.overrides.reading {
             return Ok(r);
         }
-        match &self.profile.reading {
+        match &self.config.reading {
             Some(name) => name
                 .parse()
                 .with_context(|| "`reading` under [profile] in the configuration file".to_string()),
             None => Ok(
-                if matches!(self.model_profile(overrides), Ok(p) if p == Profile::SMALL) {
+                if matches!(self.model_profile(), Ok(p) if p == Profile::SMALL) {
                     memagent_agent::Reading::Focused
                 } else {
                     memagent_agent::Reading::Whole
                 },
             ),
-        }
-    }
-
-    /// The embedder the line writer compares lines with, when it writes the memory.
-    pub fn writer_embedder(
-        &self,
-        global: &Settings,
-        overrides: &ProfileArgs,
-    ) -> Result<Option<std::sync::Arc<memagent_recall::Embedder>>> {
-        match self.writer(overrides)? {
-            memagent_agent::Writer::Lines => recall::load_embedder(global),
-            memagent_agent::Writer::Rewrite => Ok(None),
-        }
-    }
-
-    /// Runs `f` with a memory agent over this backend.
-    pub fn with_agent<R>(
-        &self,
-        settings: &LoopArgs,
-        f: impl FnOnce(&MemoryAgent<'_>) -> Result<R>,
-    ) -> Result<R> {
-        let reading = self.reading(&settings.profile)?;
-        let configure = |mut agent: MemoryAgent<'_>| {
-            agent.final_form = settings.profile.final_template;
-            agent.reading = reading;
-            agent.sampling = settings.sampling.params();
-            agent.draft_tokens = settings.sampling.draft_tokens;
-            f(&agent)
-        };
-        let chosen = self.profile(&settings.profile)?;
-        match &self.inner {
-            Inner::Local(model) => configure(MemoryAgent::new(model, model.tokenizer(), chosen)),
-            Inner::Remote {
-                backend,
-                tokenizer: Some(tokenizer),
-                ..
-            } => configure(MemoryAgent::new(backend, tokenizer, chosen)),
-            Inner::Remote {
-                backend,
-                tokenizer: None,
-                ..
-            } => {
-                let remote = RemoteTokenizer::connect(backend)?;
-                let tokenizer: &dyn TextTokenizer = &remote;
-                configure(MemoryAgent::new(backend, tokenizer, chosen))
-            }
         }
     }
 }

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use super::db::Db;
 use super::{print_json, ModelBackend};
-use crate::cli::{IngestArgs, IngestFormat, LoopArgs, MemoryCommand, QueryArgs, StreamsCommand};
+use crate::cli::{IngestArgs, IngestFormat, MemoryCommand, QueryArgs, StreamsCommand};
 use crate::settings::Settings;
 
 fn open_store(global: &Settings, what: &str) -> Result<Store> {
@@ -157,7 +157,7 @@ fn read_with_progress(
     if stream.log_len <= start {
         return Ok(Vec::new());
     }
-    let backend = ModelBackend::open(global, &args.run.backend)?;
+    let backend = ModelBackend::open(global, &args.run)?;
     let bar = super::progress_bar(
         !global.quiet && !args.json && std::io::stderr().is_terminal(),
         "{spinner} [{bar:30}] {bytes}/{total_bytes} {msg} · ETA {eta}",
@@ -165,7 +165,7 @@ fn read_with_progress(
     if let Some(bar) = &bar {
         bar.set_length(stream.log_len - start);
     }
-    let steps = read_pending(global, store, &backend, &args.run, &args.stream, |step| {
+    let steps = read_pending(global, store, &backend, &args.stream, |step| {
         if let Some(bar) = &bar {
             bar.set_position(step.chunk.end - start);
             bar.set_message(format!("memory v{}", step.version.version));
@@ -184,14 +184,13 @@ pub fn read_pending(
     global: &Settings,
     store: &Store,
     backend: &ModelBackend,
-    run: &LoopArgs,
     stream: &str,
     mut on_step: impl FnMut(&StepOutcome),
 ) -> Result<Vec<StepOutcome>> {
     let (model, sha) = backend.identity()?;
-    let writer = backend.writer(&run.profile)?;
-    let embedder = backend.writer_embedder(global, &run.profile)?;
-    backend.with_agent(run, |agent| {
+    let writer = backend.writer();
+    let embedder = backend.writer_embedder(global)?;
+    backend.with_agent(|agent| {
         let ingestor =
             Ingestor::new(store, agent, model, sha).with_writer(writer, embedder.as_deref());
         let mut steps = Vec::new();
@@ -228,27 +227,20 @@ pub fn query(global: &Settings, args: &QueryArgs) -> Result<()> {
             let plan = query
                 .plan(&store, recall.as_ref())
                 .map_err(super::db::memory_error)?;
-            let backend = ModelBackend::open(global, &args.run.backend)?;
+            let backend = ModelBackend::open(global, &args.run)?;
             let bar = super::progress_bar(
                 args.deep && !global.quiet && !args.json && std::io::stderr().is_terminal(),
                 "{spinner} chunk {pos}/{len} [{bar:30}] ETA {eta}",
             );
             // Chains read side by side: the bar follows the one furthest behind.
             let mut done = vec![u64::MAX; args.questions.len()];
-            let answers = local_answers(
-                &store,
-                &backend,
-                &args.run,
-                &query,
-                plan,
-                &mut |i, step, total| {
-                    done[i] = step.chunk.index + 1;
-                    if let Some(bar) = &bar {
-                        bar.set_length(total as u64);
-                        bar.set_position(done.iter().copied().min().unwrap_or(0));
-                    }
-                },
-            )?;
+            let answers = local_answers(&store, &backend, &query, plan, &mut |i, step, total| {
+                done[i] = step.chunk.index + 1;
+                if let Some(bar) = &bar {
+                    bar.set_length(total as u64);
+                    bar.set_position(done.iter().copied().min().unwrap_or(0));
+                }
+            })?;
             if let Some(bar) = bar {
                 bar.finish_and_clear();
             }
@@ -292,7 +284,6 @@ pub fn daemon_answers(client: &super::client::DaemonClient, query: &Query) -> Re
 pub fn local_answers(
     store: &Store,
     backend: &ModelBackend,
-    run: &LoopArgs,
     query: &Query,
     plan: Plan,
     on_deep_step: &mut dyn FnMut(usize, &StepOutcome, usize),
@@ -302,7 +293,7 @@ pub fn local_answers(
         Plan::Deep => backend.identity()?,
         _ => Default::default(),
     };
-    backend.with_agent(run, |agent| {
+    backend.with_agent(|agent| {
         let ingestor = Ingestor::new(store, agent, model, sha);
         Ok(query.answer(plan, &ingestor, on_deep_step)?)
     })

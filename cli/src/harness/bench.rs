@@ -238,8 +238,8 @@ pub fn needle(global: &Settings, args: &BenchNeedleArgs) -> Result<()> {
     }
     let haystack = haystack(args.haystack.as_deref())?;
     let mut output = open_output(args.output.as_deref())?;
-    let backend = crate::commands::ModelBackend::open(global, &args.run.backend)?;
-    let profile = backend.profile(&args.run.profile)?;
+    let backend = crate::commands::ModelBackend::open(global, &args.run)?;
+    let profile = backend.profile();
     tracing::info!(
         "haystack: {}; profile: chunk {} / memory {} / answer {} tokens",
         haystack.source(),
@@ -247,7 +247,7 @@ pub fn needle(global: &Settings, args: &BenchNeedleArgs) -> Result<()> {
         profile.memory_tokens,
         profile.answer_tokens
     );
-    let results = backend.with_agent(&args.run, |agent| {
+    let results = backend.with_agent(|agent| {
         let mut results = Vec::new();
         for &length in &args.lengths {
             for i in 0..args.samples {

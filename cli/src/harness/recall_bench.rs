@@ -112,8 +112,8 @@ fn chunk_share(
     embedder: &Arc<Embedder>,
     sample: &str,
 ) -> Result<serde_json::Value> {
-    let backend = ModelBackend::open(global, &args.run.backend)?;
-    let (index_seconds, step_seconds, chunk_tokens) = backend.with_agent(&args.run, |agent| {
+    let backend = ModelBackend::open(global, &args.run)?;
+    let (index_seconds, step_seconds, chunk_tokens) = backend.with_agent(|agent| {
         let c = agent.profile.chunk_tokens;
         let ids = agent.tokenizer().encode(sample)?;
         let chunk_text = agent.tokenizer().decode(&ids[c..2 * c])?;

@@ -140,9 +140,9 @@ pub fn run(global: &Settings, args: &BenchRulerArgs) -> Result<()> {
         Some(_) => Some(crate::commands::db::Db::open(global)?.local("bench ruler --stream")?),
         None => None,
     };
-    let backend = crate::commands::ModelBackend::open(global, &args.run.backend)?;
+    let backend = crate::commands::ModelBackend::open(global, &args.run)?;
     let (model, model_sha256) = backend.identity()?;
-    let profile = backend.profile(&args.run.profile)?;
+    let profile = backend.profile();
     let mut saved = Saved {
         file,
         records,
@@ -151,7 +151,7 @@ pub fn run(global: &Settings, args: &BenchRulerArgs) -> Result<()> {
         ran: 0,
         started: Instant::now(),
     };
-    backend.with_agent(&args.run, |agent| {
+    backend.with_agent(|agent| {
         let stored = match (&store, &args.stream) {
             (Some(store), Some(prefix)) => Some(Stored {
                 store,

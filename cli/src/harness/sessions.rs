@@ -30,7 +30,7 @@ pub fn run(global: &Settings, args: &BenchSessionsArgs) -> Result<()> {
             bail!("unknown mode `{mode}` in --modes; expected evidence or memory");
         }
     }
-    let backend = ModelBackend::open(global, &args.run.backend)?;
+    let backend = ModelBackend::open(global, &args.run)?;
     let embedder = crate::commands::recall::load_embedder(global)?;
     let mut output = super::bench::open_output(args.output.as_deref())?;
     // (mode, kind) -> (right, asked)
@@ -57,7 +57,7 @@ pub fn run(global: &Settings, args: &BenchSessionsArgs) -> Result<()> {
             parsed.turns,
         )?;
         if !args.no_memory {
-            read_pending(global, &store, &backend, &args.run, "chat", |step| {
+            read_pending(global, &store, &backend, "chat", |step| {
                 tracing::info!("seed {seed}: {step}")
             })?;
         }
@@ -75,7 +75,7 @@ pub fn run(global: &Settings, args: &BenchSessionsArgs) -> Result<()> {
             .map(|q| q.question.clone())
             .collect();
         for mode in &args.modes {
-            let answers = answer(&store, &recall, &backend, args, mode, &memory, &questions)?;
+            let answers = answer(&store, &recall, &backend, mode, &memory, &questions)?;
             for (q, (answer, cited)) in sample.questions.iter().zip(answers) {
                 let right = session_correct(q, &answer);
                 let kind = format!("{:?}", q.kind).to_lowercase();
@@ -111,7 +111,6 @@ fn answer(
     store: &Store,
     recall: &memagent_recall::Recall,
     backend: &ModelBackend,
-    args: &BenchSessionsArgs,
     mode: &str,
     memory: &MemoryVersion,
     questions: &[String],
@@ -130,7 +129,7 @@ fn answer(
         mode,
     };
     let plan = query.plan(store, Some(recall))?;
-    let answers = local_answers(store, backend, &args.run, &query, plan, &mut |_, _, _| {})?;
+    let answers = local_answers(store, backend, &query, plan, &mut |_, _, _| {})?;
     Ok(answers
         .into_iter()
         .map(|a| {
