@@ -36,48 +36,9 @@ fn an_appended_fact_is_answered_through_the_socket() {
     let socket = daemon.data.join("memagent.sock");
     let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "socket mode {:o}", mode & 0o777);
-    let ask = |daemon: &Daemon| {
-        daemon
-            .command()
-            .args(["query", "notes", "Who is the harbour master?"])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
-    let (a, b) = (ask(&daemon), ask(&daemon));
-    for out in [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()] {
-        assert!(out.status.success(), "{}", stderr(&out));
-        let answer = stdout(&out);
-        assert!(
-            answer.contains("Ines") || answer.contains("Duarte"),
-            "answer: {answer}\n{}",
-            daemon.log_text()
-        );
-    }
-    // Two deep questions at once: each keeps its own chain, read side by side.
+    two_clients_at_once(&daemon);
     let questions = ["Who is the harbour master?", "What are these notes for?"];
-    let deep = daemon.memctl(&[
-        "query",
-        "notes",
-        questions[0],
-        questions[1],
-        "--deep",
-        "--json",
-    ]);
-    assert!(deep.status.success(), "{}", stderr(&deep));
-    let deep: serde_json::Value = serde_json::from_slice(&deep.stdout).unwrap();
-    let answers = deep["answers"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{deep}"));
-    assert_eq!(answers.len(), 2, "{deep}");
-    for (answer, question) in answers.iter().zip(questions) {
-        assert_eq!(answer["question"], question, "{deep}");
-        assert_eq!(answer["chunks_read"], 2, "both chunks read: {deep}");
-        assert_eq!(answer["version"], 2, "{deep}");
-    }
-    assert_ne!(answers[0]["chain"], answers[1]["chain"], "{deep}");
-
+    let answers = two_deep_questions(&daemon, questions);
     let history = daemon.memctl(&["memory", "history", "notes", "--json"]);
     assert!(history.status.success(), "{}", stderr(&history));
     let versions: serde_json::Value = serde_json::from_slice(&history.stdout).unwrap();
@@ -85,27 +46,7 @@ fn an_appended_fact_is_answered_through_the_socket() {
     let listed = daemon.memctl(&["streams", "list"]);
     assert!(stdout(&listed).contains("notes"), "{}", stderr(&listed));
 
-    // `memctl ingest` hands the text to the daemon, which reads it in.
-    let ingest = daemon
-        .command()
-        .args(["ingest", "inbox", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        let mut ingest = ingest;
-        ingest
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(b"Buy rope for the dinghy.\n")
-            .unwrap();
-        let out = ingest.wait_with_output().unwrap();
-        assert!(out.status.success(), "{}", stderr(&out));
-    }
+    ingest_through_the_daemon(&daemon);
     daemon.wait_caught_up("inbox", 25, Duration::from_secs(120));
     // Each memory line's source, through the daemon: the same as read directly below.
     let sourced = daemon.memctl(&["memory", "show", "notes", "--sources", "--json"]);
@@ -158,4 +99,76 @@ fn an_appended_fact_is_answered_through_the_socket() {
         "{}",
         stderr(&status)
     );
+}
+
+/// Two clients ask at once through the socket; both get the fact.
+fn two_clients_at_once(daemon: &Daemon) {
+    let ask = |daemon: &Daemon| {
+        daemon
+            .command()
+            .args(["query", "notes", "Who is the harbour master?"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (ask(daemon), ask(daemon));
+    for out in [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()] {
+        assert!(out.status.success(), "{}", stderr(&out));
+        let answer = stdout(&out);
+        assert!(
+            answer.contains("Ines") || answer.contains("Duarte"),
+            "answer: {answer}\n{}",
+            daemon.log_text()
+        );
+    }
+}
+
+/// Two deep questions at once: each keeps its own chain, read side by side.
+fn two_deep_questions(daemon: &Daemon, questions: [&str; 2]) -> Vec<serde_json::Value> {
+    let deep = daemon.memctl(&[
+        "query",
+        "notes",
+        questions[0],
+        questions[1],
+        "--deep",
+        "--json",
+    ]);
+    assert!(deep.status.success(), "{}", stderr(&deep));
+    let deep: serde_json::Value = serde_json::from_slice(&deep.stdout).unwrap();
+    let answers = deep["answers"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{deep}"));
+    assert_eq!(answers.len(), 2, "{deep}");
+    for (answer, question) in answers.iter().zip(questions) {
+        assert_eq!(answer["question"], question, "{deep}");
+        assert_eq!(answer["chunks_read"], 2, "both chunks read: {deep}");
+        assert_eq!(answer["version"], 2, "{deep}");
+    }
+    assert_ne!(answers[0]["chain"], answers[1]["chain"], "{deep}");
+    answers.clone()
+}
+
+/// `memctl ingest` hands the text to the daemon, which reads it in.
+fn ingest_through_the_daemon(daemon: &Daemon) {
+    let ingest = daemon
+        .command()
+        .args(["ingest", "inbox", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut ingest = ingest;
+        ingest
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"Buy rope for the dinghy.\n")
+            .unwrap();
+        let out = ingest.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
 }

@@ -38,8 +38,59 @@ fn a_stream_run_resumes_at_its_chunk_after_sigkill() {
     ];
     let name = "bench/niah_single/512/seed1/C96-M32";
 
-    // Killed once the general memory has committed its second step.
-    let mut child = memctl(&dir, &args)
+    kill_after_the_second_general_step(&dir, &args, &out, name);
+    resume_at_the_cursor(&dir, &args, name);
+    // The results name the stream, count its steps and are scored.
+    let records: Vec<serde_json::Value> = std::fs::read_to_string(out.join("results.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 2);
+    let modes: Vec<&str> = records
+        .iter()
+        .map(|r| r["mode"].as_str().unwrap())
+        .collect();
+    assert_eq!(modes, ["memory", "general"]);
+
+    check_the_store(&dir, name, &records);
+
+    // Done: nothing runs again, and the general mode needs a stream.
+    let third = run(&dir, &args);
+    assert!(third.status.success(), "{}", stderr(&third));
+    assert!(
+        String::from_utf8_lossy(&third.stdout).contains("0 samples run, 2 resumed"),
+        "{}",
+        String::from_utf8_lossy(&third.stdout)
+    );
+    let no_stream = run(
+        &dir,
+        &[
+            "bench",
+            "ruler",
+            "--modes",
+            "general",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(!no_stream.status.success());
+    assert!(
+        stderr(&no_stream).contains("--stream NAME"),
+        "{}",
+        stderr(&no_stream)
+    );
+}
+
+/// Runs the bench and kills it (SIGKILL) once the general memory has committed its
+/// second step, before any sample finished.
+fn kill_after_the_second_general_step(
+    dir: &std::path::Path,
+    args: &[&str],
+    out: &std::path::Path,
+    name: &str,
+) {
+    let mut child = memctl(dir, args)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -78,9 +129,11 @@ fn a_stream_run_resumes_at_its_chunk_after_sigkill() {
                 .is_empty(),
         "no sample finished before the kill"
     );
+}
 
-    // Again: the stream continues at its cursor instead of starting over.
-    let second = run(&dir, &args);
+/// Runs the bench again: the stream continues at its cursor instead of starting over.
+fn resume_at_the_cursor(dir: &std::path::Path, args: &[&str], name: &str) {
+    let second = run(dir, args);
     assert!(second.status.success(), "{}", stderr(&second));
     let log = stderr(&second);
     let resumed = log
@@ -103,81 +156,44 @@ fn a_stream_run_resumes_at_its_chunk_after_sigkill() {
         "{}",
         String::from_utf8_lossy(&second.stdout)
     );
+}
 
-    // The results name the stream, count its steps and are scored.
-    let records: Vec<serde_json::Value> = std::fs::read_to_string(out.join("results.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(records.len(), 2);
-    let modes: Vec<&str> = records
-        .iter()
-        .map(|r| r["mode"].as_str().unwrap())
-        .collect();
-    assert_eq!(modes, ["memory", "general"]);
-
-    {
-        let store = Store::open(&dir).unwrap();
-        let stream = store.require(name).unwrap();
-        let chunks = store.chunks(&stream).unwrap();
-        assert!(chunks.len() >= 5, "{} chunks", chunks.len());
+/// Each chunk read once by the general memory and once by the question's chain, and
+/// the records naming the stream with their steps and scores.
+fn check_the_store(dir: &std::path::Path, name: &str, records: &[serde_json::Value]) {
+    let store = Store::open(dir).unwrap();
+    let stream = store.require(name).unwrap();
+    let chunks = store.chunks(&stream).unwrap();
+    assert!(chunks.len() >= 5, "{} chunks", chunks.len());
+    assert_eq!(
+        chunks.last().unwrap().end,
+        stream.log_len,
+        "the whole document was read"
+    );
+    let general = store.versions(&stream, GENERAL).unwrap();
+    assert_eq!(general.len(), chunks.len(), "each chunk read once");
+    for (i, v) in general.iter().enumerate() {
         assert_eq!(
-            chunks.last().unwrap().end,
-            stream.log_len,
-            "the whole document was read"
+            v.chunk,
+            Some(i as u64),
+            "version {} read chunk {i}",
+            v.version
         );
-        let general = store.versions(&stream, GENERAL).unwrap();
-        assert_eq!(general.len(), chunks.len(), "each chunk read once");
-        for (i, v) in general.iter().enumerate() {
-            assert_eq!(
-                v.chunk,
-                Some(i as u64),
-                "version {} read chunk {i}",
-                v.version
-            );
-        }
-        let questions = store.questions(&stream).unwrap();
-        assert_eq!(questions.len(), 1, "one question chain");
-        let chain = store.versions(&stream, questions[0].chain).unwrap();
-        assert_eq!(chain.len(), chunks.len(), "the question read every chunk");
-        assert_eq!(
-            questions[0].question,
-            records[0]["question"].as_str().unwrap()
-        );
-        for (record, steps) in records.iter().zip([chain.len(), general.len()]) {
-            assert_eq!(record["stream"], name, "{record}");
-            assert_eq!(record["steps"], steps, "{record}");
-            assert!(record["score"].is_number(), "{record}");
-            assert!(record["seconds"].as_f64().unwrap() > 0.0, "{record}");
-        }
     }
-
-    // Done: nothing runs again, and the general mode needs a stream.
-    let third = run(&dir, &args);
-    assert!(third.status.success(), "{}", stderr(&third));
-    assert!(
-        String::from_utf8_lossy(&third.stdout).contains("0 samples run, 2 resumed"),
-        "{}",
-        String::from_utf8_lossy(&third.stdout)
+    let questions = store.questions(&stream).unwrap();
+    assert_eq!(questions.len(), 1, "one question chain");
+    let chain = store.versions(&stream, questions[0].chain).unwrap();
+    assert_eq!(chain.len(), chunks.len(), "the question read every chunk");
+    assert_eq!(
+        questions[0].question,
+        records[0]["question"].as_str().unwrap()
     );
-    let no_stream = run(
-        &dir,
-        &[
-            "bench",
-            "ruler",
-            "--modes",
-            "general",
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
-    assert!(!no_stream.status.success());
-    assert!(
-        stderr(&no_stream).contains("--stream NAME"),
-        "{}",
-        stderr(&no_stream)
-    );
+    for (record, steps) in records.iter().zip([chain.len(), general.len()]) {
+        assert_eq!(record["stream"], name, "{record}");
+        assert_eq!(record["steps"], steps, "{record}");
+        assert!(record["score"].is_number(), "{record}");
+        assert!(record["seconds"].as_f64().unwrap() > 0.0, "{record}");
+    }
 }
 
 #[test]
