@@ -11,14 +11,6 @@ pub enum Error {
     Model(String),
     #[error("{0}")]
     Recall(#[from] memagent_recall::Error),
-    #[error("corrupt record {tree}/{key}: {reason}")]
-    Corrupt {
-        tree: &'static str,
-        key: String,
-        reason: String,
-    },
-    #[error("stream `{stream}` has no memory version {version}")]
-    NoVersion { stream: String, version: u64 },
     /// The stream has no memory version `at` (the latest: none yet).
     #[error("{}", no_memory(stream, *at))]
     NoMemory { stream: String, at: Option<u64> },

@@ -9,7 +9,9 @@ use memagent_agent::{
 use memagent_recall::Embedder;
 use sha2::{Digest, Sha256};
 
-use memagent_store::{Author, ChunkRecord, Cursor, MemoryVersion, Store, StreamRecord, GENERAL};
+use memagent_store::{
+    Author, ChunkRecord, Cursor, Error as StoreError, MemoryVersion, Store, StreamRecord, GENERAL,
+};
 
 use crate::{now, Error, Result};
 
@@ -106,11 +108,12 @@ impl<'a> Ingestor<'a> {
                     std::str::from_utf8(&bytes[..e.valid_up_to()]).expect("valid prefix")
                 }
                 Err(e) => {
-                    return Err(Error::Corrupt {
+                    return Err(StoreError::Corrupt {
                         tree: "log",
                         key: format!("{}/{}", stream.id, cursor.offset + e.valid_up_to() as u64),
                         reason: "content log is not UTF-8".to_string(),
-                    })
+                    }
+                    .into())
                 }
             };
             let ids = tokenizer.encode(text).map_err(Error::from)?;
@@ -131,11 +134,12 @@ impl<'a> Ingestor<'a> {
                 }
                 take -= 1;
                 if take == 0 {
-                    return Err(Error::Corrupt {
+                    return Err(StoreError::Corrupt {
                         tree: "log",
                         key: format!("{}/{}", stream.id, cursor.offset),
                         reason: "no token boundary found in the pending text".to_string(),
-                    });
+                    }
+                    .into());
                 }
             };
             let piece = if take == ids.len() && whole {
@@ -184,7 +188,7 @@ impl<'a> Ingestor<'a> {
                 n => {
                     self.store
                         .version(&stream, GENERAL, n)?
-                        .ok_or(Error::NoVersion {
+                        .ok_or(StoreError::NoVersion {
                             stream: stream.name.clone(),
                             version: n,
                         })?
@@ -359,7 +363,7 @@ impl Ingestor<'_> {
                     continue;
                 };
                 let bytes = self.store.read_log(&c.stream, chunk.start, chunk.end)?;
-                let text = String::from_utf8(bytes).map_err(|e| Error::Corrupt {
+                let text = String::from_utf8(bytes).map_err(|e| StoreError::Corrupt {
                     tree: "log",
                     key: format!("{}/{}", c.stream.id, chunk.start),
                     reason: format!("chunk {} is not UTF-8: {e}", chunk.index),

@@ -125,23 +125,23 @@ impl CacheAttention {
 }
 
 /// The scores of every head's `rows` queries (`queries`, head after head) against its
-/// first `keys` keys (head h's start at `k_at[h]` in `k`), written to the scores at
+/// first `keys` keys (head h's start at `k_at(h)` in `k`), written to the scores at
 /// `scores_ptr` (head h's rows from `h * rows * keys`), one work item per chunk of keys.
 fn score_chunks(
     queries: &[f32],
     k: &[f32],
-    k_at: &[usize],
-    (rows, keys, d): (usize, usize, usize),
+    k_at: &(dyn Fn(usize) -> usize + Sync),
+    (heads, rows, keys, d): (usize, usize, usize, usize),
     scores_ptr: usize,
 ) {
     let chunks = keys.div_ceil(KEY_CHUNK);
-    super::pool::for_chunks(k_at.len() * chunks, |range| {
+    super::pool::for_chunks(heads * chunks, |range| {
         for unit in range {
             let (h, chunk) = (unit / chunks, unit % chunks);
             let from = chunk * KEY_CHUNK;
             let to = keys.min(from + KEY_CHUNK);
             let query = &queries[h * rows * d..(h + 1) * rows * d];
-            let at = k_at[h];
+            let at = k_at(h);
             // SAFETY: each unit writes columns from..to of its own head's rows.
             unsafe {
                 let dst = (scores_ptr as *mut f32).add(h * rows * keys);
@@ -208,8 +208,7 @@ impl CustomOp3 for CacheAttention {
                 let scores_ptr = scores.as_mut_ptr() as usize;
 
                 // Scores: every key of a chunk against all rows of its head.
-                let at: Vec<usize> = (0..heads).map(k_at).collect();
-                score_chunks(&queries, k, &at, (rows, keys, d), scores_ptr);
+                score_chunks(&queries, k, &k_at, (heads, rows, keys, d), scores_ptr);
 
                 // Causal softmax of every row, exactly as on the matmul path.
                 let first = self.offset + start;
