@@ -1018,6 +1018,18 @@ pub enum BenchCommand {
     /// later (the newest value is right), and questions about things never said (the
     /// answer must say so); accuracy of each kind per answer mode
     Sessions(BenchSessionsArgs),
+    /// Question answering over real conversations (LoCoMo's schema, or JSON Lines of
+    /// turns and questions): each conversation ingested as a chat log, each question
+    /// asked as `memctl query` asks; token F1 per category as published, evidence recall
+    /// of the turns read, abstentions, seconds and model calls per question. Resumable:
+    /// results are saved as each question is answered
+    #[command(after_help = "The JSON Lines format, one object per line:\n  \
+        {\"conversation\": \"trip\", \"id\": \"t1\", \"name\": \"Gina\", \"content\": \"I flew to Rome yesterday.\", \"timestamp\": \"2023-05-11 14:02\"}\n  \
+        {\"conversation\": \"trip\", \"question\": \"When did Gina fly to Rome?\", \"answer\": \"10 May 2023\", \"evidence\": [\"t1\"], \"category\": \"temporal\"}\n\n\
+        Categories: single-hop, multi-hop, temporal, open-domain, adversarial (no answer: the right \
+        answer says it is not mentioned).\n\n\
+        Example:\n  memctl bench qa --data ../shared/data/locomo-dev/locomo-dev.json --every 4 --no-memory --out qa-run")]
+    Qa(Box<BenchQaArgs>),
     /// Recall's speed: embedding throughput, indexing cost per chunk, search latency on
     /// large streams, index size
     Recall(BenchRecallArgs),
@@ -1189,6 +1201,47 @@ pub struct BenchRulerArgs {
     /// decoded as one batch (the same answers as one at a time; 1 reads them one by one)
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=16))]
     pub batch: u16,
+    #[command(flatten)]
+    pub run: LoopArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchQaArgs {
+    /// Conversations with questions: LoCoMo's JSON, or JSON Lines (see below)
+    #[arg(long, value_name = "FILE")]
+    pub data: PathBuf,
+    /// Only these conversations (their ids, comma-separated)
+    #[arg(long, value_delimiter = ',')]
+    pub conversations: Vec<String>,
+    /// Ask every Nth question of each conversation (1: all)
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub every: u64,
+    /// Answer modes: `evidence` (memory and passages, as `memctl query`), `memory` (the
+    /// memory alone, `--memory-only`), `search` (no answer: the search alone, for its
+    /// evidence recall at 1, 5 and 10 passages)
+    #[arg(long, value_delimiter = ',', default_value = "evidence")]
+    pub modes: Vec<String>,
+    /// Leave the general memory empty (skip the memory steps): passages alone
+    #[arg(long)]
+    pub no_memory: bool,
+    /// Passages searched per question
+    #[arg(short = 'k', long, default_value_t = memagent_memory::PASSAGES_K)]
+    pub passages: usize,
+    /// Tokens of passages an answer may read
+    #[arg(long, value_name = "TOKENS", default_value_t = memagent_memory::EVIDENCE_TOKENS)]
+    pub evidence_tokens: usize,
+    /// Folder for the conversations' databases, results.jsonl (appended as questions are
+    /// answered), results.json, report.md and f1.svg
+    #[arg(long, value_name = "DIR", default_value = "qa-results")]
+    pub out: PathBuf,
+    /// Forget saved results and start over (the databases are kept)
+    #[arg(long)]
+    pub fresh: bool,
+    /// Ablations: `dates` shows the passages without their resolved dates
+    #[arg(long, value_delimiter = ',')]
+    pub without: Vec<String>,
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub run: LoopArgs,
 }

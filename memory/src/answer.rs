@@ -10,6 +10,17 @@ use memagent_store::MemoryVersion;
 use crate::search::{evidence_passages, unlabelled, unmentioned, Evidence, NOTE_LINES};
 use crate::Result;
 
+/// One question's answer from [`answer_with_evidence`].
+#[derive(Debug, Clone)]
+pub struct Answered {
+    pub report: AnswerReport,
+    /// The passages asked, oldest first, each with what it alone answered and whether
+    /// the answer cites it.
+    pub passages: Vec<Evidence>,
+    /// Prompts the model answered for it (0: answered without the model).
+    pub calls: usize,
+}
+
 /// Each question answered from its passages, one prompt per passage
 /// ([`PASSAGE_ANSWER`]), and from the memory's notes that bear on it, all decoded as one
 /// batch. A question asking for every value ("list all …") gets the answers of every
@@ -26,7 +37,7 @@ pub fn answer_with_evidence(
     questions: &[String],
     found: Vec<Vec<Evidence>>,
     budget: usize,
-) -> Result<Vec<(AnswerReport, Vec<Evidence>)>> {
+) -> Result<Vec<Answered>> {
     let mut asked: Vec<Asked> = Vec::with_capacity(found.len());
     for (question, hits) in questions.iter().zip(found) {
         let absent = unmentioned(question, &hits, &memory.text);
@@ -74,10 +85,11 @@ pub fn answer_with_evidence(
     let mut out = Vec::with_capacity(asked.len());
     for (question, a) in questions.iter().zip(asked) {
         if let Some(name) = a.absent {
-            out.push((
-                made_answer(format!("Not known: nothing stored mentions {name}.")),
-                Vec::new(),
-            ));
+            out.push(Answered {
+                report: made_answer(format!("Not known: nothing stored mentions {name}.")),
+                passages: Vec::new(),
+                calls: 0,
+            });
             continue;
         }
         let mut report = made_answer(String::new());
@@ -98,6 +110,7 @@ pub fn answer_with_evidence(
                 said(reply)
             })
             .collect();
+        let calls = a.units.len() + usize::from(a.notes.is_some());
         let from_notes = a
             .notes
             .and_then(|_| said(replies.next().expect("one reply for the notes")));
@@ -120,7 +133,11 @@ pub fn answer_with_evidence(
         }
         report.reply = answer.clone();
         report.answer = answer;
-        out.push((report, passages));
+        out.push(Answered {
+            report,
+            passages,
+            calls,
+        });
     }
     Ok(out)
 }
@@ -206,8 +223,8 @@ fn first_line(answer: &str) -> String {
         .to_string()
 }
 
-/// Whether an answer says the passage does not tell.
-fn abstains(answer: &str) -> bool {
+/// Whether an answer says the passage (or the stream) does not tell.
+pub fn abstains(answer: &str) -> bool {
     let a = answer.trim().to_lowercase();
     a.is_empty()
         || [

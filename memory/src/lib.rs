@@ -35,7 +35,7 @@ mod query;
 mod search;
 mod sources;
 
-pub use answer::answer_with_evidence;
+pub use answer::{abstains, answer_with_evidence, Answered};
 pub use error::{Error, Result};
 pub use ingest::{
     general_answers, DeepAnswer, Ingestor, StepOutcome, GENERAL_ANSWER, GENERAL_UPDATE,

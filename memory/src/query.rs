@@ -125,6 +125,10 @@ pub struct Answer {
     /// and whether the answer cites it (evidence answers only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub passages: Option<Vec<Evidence>>,
+    /// Prompts the model answered for it (evidence answers; 0 when answered without
+    /// the model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_calls: Option<usize>,
     /// Deep answers only.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deep: bool,
@@ -146,6 +150,7 @@ impl Answer {
             completion_tokens: Some(report.completion_tokens),
             seconds: report.seconds,
             passages: None,
+            model_calls: Some(1),
             deep: false,
             read: None,
         }
@@ -164,6 +169,7 @@ impl Answer {
             completion_tokens: None,
             seconds: deep.answer.seconds,
             passages: None,
+            model_calls: None,
             deep: true,
             read: Some(DeepRead {
                 chain: deep.chain,
@@ -239,9 +245,10 @@ impl Query {
                     .questions
                     .iter()
                     .zip(answered)
-                    .map(|(q, (report, passages))| Answer {
-                        passages: Some(passages),
-                        ..Answer::from_memory(stream, memory.version, q, &report)
+                    .map(|(q, answered)| Answer {
+                        passages: Some(answered.passages),
+                        model_calls: Some(answered.calls),
+                        ..Answer::from_memory(stream, memory.version, q, &answered.report)
                     })
                     .collect())
             }

@@ -215,7 +215,7 @@ pub fn evidence_passages(
         {
             continue;
         }
-        let text = focus(&e.hit.text, question, FOCUS_SENTENCES);
+        let text = focus(e.hit.shown(), question, FOCUS_SENTENCES);
         // Overlapping windows find the same sentences twice: a passage whose words are
         // all in one already given adds nothing, and one that holds a given one whole
         // takes its place.
@@ -292,6 +292,7 @@ mod tests {
                 start,
                 end: start + text.len() as u64,
                 text: text.into(),
+                dated: None,
                 source: None,
                 line: None,
                 time: None,

@@ -27,6 +27,7 @@
 //! ```
 
 mod bert;
+pub mod dates;
 mod embed;
 mod error;
 mod layout;

@@ -20,6 +20,10 @@ pub struct Hit {
     pub start: u64,
     pub end: u64,
     pub text: String,
+    /// The text with each chat turn's relative dates resolved ("yesterday [7 May
+    /// 2023]", see [`dates`](crate::dates)), when it has any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dated: Option<String>,
     pub source: Option<String>,
     pub line: Option<u64>,
     /// The chat turn's time, when it has one.
@@ -31,6 +35,13 @@ pub struct Hit {
     pub vector_rank: Option<usize>,
     /// Cosine similarity to the query, when ranked by meaning.
     pub similarity: Option<f32>,
+}
+
+impl Hit {
+    /// The text as it is shown to a reader: with its relative dates resolved.
+    pub fn shown(&self) -> &str {
+        self.dated.as_deref().unwrap_or(&self.text)
+    }
 }
 
 /// A candidate of the fusion.
@@ -151,12 +162,14 @@ impl Recall {
             let doc: TantivyDocument = searcher.doc(address).map_err(|e| self.err(e))?;
             let text_of = |f: Field| doc.get_first(f).and_then(|v| v.as_str()).map(String::from);
             let u64_of = |f: Field| doc.get_first(f).and_then(|v| v.as_u64());
+            let text = text_of(self.f.text).unwrap_or_default();
             hits.push(Hit {
                 stream: text_of(self.f.stream).unwrap_or_default(),
                 stream_id: u64_of(self.f.stream_id).unwrap_or_default(),
                 start: u64_of(self.f.start).unwrap_or_default(),
                 end: u64_of(self.f.end).unwrap_or_default(),
-                text: text_of(self.f.text).unwrap_or_default(),
+                dated: crate::dates::dated(&text),
+                text,
                 source: text_of(self.f.source),
                 line: u64_of(self.f.line),
                 time: text_of(self.f.time),

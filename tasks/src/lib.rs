@@ -16,6 +16,7 @@
 //! # Ok::<(), memagent_tasks::Error>(())
 //! ```
 
+mod conversations;
 mod error;
 
 mod haystack;
@@ -25,6 +26,11 @@ mod sessions;
 mod split;
 pub mod training;
 
+pub use conversations::{
+    answer_words, holds_gold_words, load_conversations, locomo_score, locomo_time,
+    says_not_mentioned, token_f1, Category, Conversation, Question as ConversationQuestion,
+    Turn as ConversationTurn,
+};
 pub use error::{Error, Result};
 pub use haystack::Haystack;
 pub use needle::{single_needle, NeedleSample};

@@ -5,9 +5,11 @@
 
 use std::sync::mpsc;
 
-use memagent_agent::{AnswerReport, Completion, MemoryAgent};
+use memagent_agent::{Completion, MemoryAgent};
 use memagent_engine::Message;
-use memagent_memory::{answer_with_evidence, Answer, Evidence, Ingestor, Plan, Query, StepOutcome};
+use memagent_memory::{
+    answer_with_evidence, Answer, Answered, Evidence, Ingestor, Plan, Query, StepOutcome,
+};
 use memagent_store::{MemoryVersion, Store, GENERAL};
 use tokio::sync::oneshot;
 
@@ -59,7 +61,7 @@ pub enum Request {
         questions: Vec<String>,
         found: Vec<Vec<Evidence>>,
         budget: usize,
-        reply: Reply<Vec<(AnswerReport, Vec<Evidence>)>>,
+        reply: Reply<Vec<Answered>>,
     },
     /// A reply to a conversation (the proxy without an upstream).
     Chat {
@@ -115,7 +117,7 @@ impl EngineHandle {
         questions: Vec<String>,
         found: Vec<Vec<Evidence>>,
         budget: usize,
-    ) -> Result<Vec<(AnswerReport, Vec<Evidence>)>, String> {
+    ) -> Result<Vec<Answered>, String> {
         self.ask(|reply| Request::AnswerWithEvidence {
             memory: Box::new(memory),
             questions,

@@ -260,7 +260,7 @@ pub fn memory_message(
              that may bear on the latest message, oldest first:"
         ));
         for (i, p) in passages.iter().enumerate() {
-            out.push_str(&format!("\n[{}] {}", i + 1, p.hit.text.trim()));
+            out.push_str(&format!("\n[{}] {}", i + 1, p.hit.shown().trim()));
         }
     }
     out
@@ -279,7 +279,7 @@ fn within_chars(found: Vec<Evidence>, budget: usize) -> Vec<Evidence> {
     let mut kept: Vec<Evidence> = found
         .into_iter()
         .filter(|e| {
-            let n = e.hit.text.trim().len();
+            let n = e.hit.shown().trim().len();
             let fits = used + n <= budget;
             if fits {
                 used += n;

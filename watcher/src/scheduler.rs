@@ -98,7 +98,7 @@ impl Scheduler {
             .map(|answers| {
                 answers
                     .into_iter()
-                    .map(|(report, _)| report)
+                    .map(|answered| answered.report)
                     .collect::<Vec<_>>()
             });
         let reports = match answered {

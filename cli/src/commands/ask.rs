@@ -52,7 +52,7 @@ pub fn run(global: &Settings, args: &AskArgs) -> Result<()> {
                     vec![found],
                     args.evidence_tokens,
                 )?;
-                answered.pop()
+                answered.pop().map(|a| (a.report, a.passages))
             }
         };
         Ok((run, evidence))

@@ -253,7 +253,7 @@ impl Shared {
                     "\n[{}] {}: {}",
                     i + 1,
                     super::recall::provenance(p),
-                    p.hit.text.trim()
+                    p.hit.shown().trim()
                 ));
             }
         }
@@ -274,7 +274,7 @@ impl Shared {
                         "[{}] {}\n{}",
                         i + 1,
                         super::recall::provenance(p),
-                        p.hit.text.trim()
+                        p.hit.shown().trim()
                     )
                 })
                 .collect::<Vec<_>>()

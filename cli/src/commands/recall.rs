@@ -126,7 +126,7 @@ pub fn search(global: &Settings, args: &SearchArgs) -> Result<()> {
     }
     for (i, p) in results.iter().enumerate() {
         writeln!(out, "[{}] {}", i + 1, provenance(p))?;
-        for line in p.hit.text.trim().lines() {
+        for line in p.hit.shown().trim().lines() {
             writeln!(out, "    {line}")?;
         }
     }

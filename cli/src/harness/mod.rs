@@ -4,6 +4,7 @@
 
 mod bench;
 mod loop_bench;
+mod qa;
 mod recall_bench;
 mod ruler;
 mod sessions;
@@ -24,6 +25,7 @@ pub fn bench(global: &Settings, command: BenchCommand) -> Result<()> {
         BenchCommand::Store(args) => bench::store(global, &args),
         BenchCommand::Daemon(args) => bench::daemon(global, &args),
         BenchCommand::Ruler(args) => ruler::run(global, &args),
+        BenchCommand::Qa(args) => qa::run(global, &args),
         BenchCommand::Loop(args) => loop_bench::run(global, &args),
         BenchCommand::Proxy(args) => bench::proxy(global, &args),
     }

@@ -525,7 +525,7 @@ fn run_group(
                 searcher.budget,
             )?;
             record.seconds += started.elapsed().as_secs_f64();
-            let answer = answered.into_iter().next().map(|(r, _)| r.answer);
+            let answer = answered.into_iter().next().map(|a| a.report.answer);
             out.push(scored(sample, record, answer));
         }
         return Ok(out);
@@ -719,7 +719,7 @@ impl Stored<'_> {
     }
 }
 
-fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
+pub(super) fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
     let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
     (n > 0).then(|| sum / n as f64)
 }

@@ -1,0 +1,603 @@
+//! `memctl bench qa`: question answering over real conversations. Each conversation
+//! becomes a stream of its own database (its turns as a chat log: the speaker as the
+//! name, the turn's time as the timestamp), read into memory as `memctl ingest` reads,
+//! and each question is asked as `memctl query` asks, one at a time. Scored as LoCoMo
+//! publishes (token F1 over Porter stems, per category; retrieval as the share of the
+//! evidence turns among the turns read); saved question by question, so a stopped run
+//! resumes where it was.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context, Result};
+use memagent_memory::{abstains, Mode, Plan, Query};
+use memagent_recall::Recall;
+use memagent_store::Store;
+use memagent_tasks::{
+    holds_gold_words, load_conversations, locomo_score, says_not_mentioned, Category, Conversation,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::ruler::mean;
+use crate::cli::BenchQaArgs;
+use crate::commands::streams::{local_answers, read_pending};
+use crate::commands::ModelBackend;
+use crate::settings::Settings;
+
+/// The stream each conversation's database holds it in.
+const STREAM: &str = "conversation";
+/// The search mode's depths.
+const DEPTHS: [usize; 3] = [1, 5, 10];
+
+/// One question's result in one mode.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Record {
+    conversation: String,
+    /// The question's index in its conversation.
+    index: usize,
+    mode: String,
+    category: String,
+    question: String,
+    gold: Option<String>,
+    answer: String,
+    /// LoCoMo's score (token F1; adversarial: 1 when the answer says "not mentioned").
+    score: f64,
+    /// The answer holds every word of the gold answer.
+    all_words: bool,
+    /// The answer says the conversation does not tell (its own words or LoCoMo's).
+    abstained: bool,
+    evidence: Vec<String>,
+    /// The turns of the passages the answer read (search mode: of the 10 found).
+    turns_read: Vec<String>,
+    /// Share of the evidence turns among those read; `None` without evidence turns.
+    evidence_recall: Option<f64>,
+    /// Search mode: the share at 1, 5 and 10 passages.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    recall_at: Vec<f64>,
+    seconds: f64,
+    model_calls: usize,
+}
+
+/// Where each turn of a conversation lies in its stream's log.
+struct Layout {
+    /// (offset, turn id), in log order.
+    turns: Vec<(u64, String)>,
+    len: u64,
+}
+
+impl Layout {
+    /// The ids of the turns overlapping bytes `[start, end)`.
+    fn turns_in(&self, start: u64, end: u64) -> Vec<String> {
+        (0..self.turns.len())
+            .filter(|&i| {
+                let from = self.turns[i].0;
+                let to = self.turns.get(i + 1).map_or(self.len, |t| t.0);
+                from < end && to > start
+            })
+            .map(|i| self.turns[i].1.clone())
+            .collect()
+    }
+}
+
+/// Share of `evidence` among `read`; `None` when there is no evidence turn.
+fn recall_of(evidence: &[String], read: &[String]) -> Option<f64> {
+    (!evidence.is_empty()).then(|| {
+        evidence.iter().filter(|e| read.contains(e)).count() as f64 / evidence.len() as f64
+    })
+}
+
+pub fn run(global: &Settings, args: &BenchQaArgs) -> Result<()> {
+    for what in &args.without {
+        if !matches!(what.as_str(), "dates") {
+            bail!("unknown ablation `{what}` in --without; expected dates");
+        }
+    }
+    for mode in &args.modes {
+        if !matches!(mode.as_str(), "evidence" | "memory" | "search") {
+            bail!("unknown mode `{mode}` in --modes; expected evidence, memory or search");
+        }
+    }
+    if args.no_memory && args.modes.iter().any(|m| m == "memory") {
+        bail!("the memory mode needs the memory steps; leave out --no-memory");
+    }
+    let mut conversations = load_conversations(&args.data)?;
+    if !args.conversations.is_empty() {
+        for id in &args.conversations {
+            if !conversations.iter().any(|c| &c.id == id) {
+                bail!("{}: no conversation `{id}`", args.data.display());
+            }
+        }
+        conversations.retain(|c| args.conversations.contains(&c.id));
+    }
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let saved_path = args.out.join("results.jsonl");
+    if args.fresh {
+        let _ = std::fs::remove_file(&saved_path);
+    }
+    let mut records = load(&saved_path)?;
+    let done: HashSet<(String, usize, String)> = records
+        .iter()
+        .map(|r| (r.conversation.clone(), r.index, r.mode.clone()))
+        .collect();
+    let mut saved = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&saved_path)
+        .with_context(|| format!("cannot write {}", saved_path.display()))?;
+    let needs_model = args.modes.iter().any(|m| m != "search");
+    let backend = match needs_model || !args.no_memory {
+        true => Some(ModelBackend::open(global, &args.run)?),
+        false => None,
+    };
+    let embedder = crate::commands::recall::load_embedder(global)?;
+    let (mut asked, mut resumed) = (0usize, 0usize);
+    for conv in &conversations {
+        let dir = args.out.join("stores").join(&conv.id);
+        let store = Store::open(&dir)?;
+        let layout = ingest(&store, conv)?;
+        if let (false, Some(backend)) = (args.no_memory, &backend) {
+            let started = Instant::now();
+            let steps = read_pending(global, &store, backend, STREAM, |step| {
+                tracing::info!("{}: {step}", conv.id)
+            })?;
+            if !steps.is_empty() {
+                tracing::info!(
+                    "{}: {} memory steps in {:.0}s",
+                    conv.id,
+                    steps.len(),
+                    started.elapsed().as_secs_f64()
+                );
+            }
+        }
+        let recall = Recall::open(&memagent_memory::index_dir(&dir), embedder.clone())?;
+        memagent_memory::sync_stream(&store, &recall, &store.require(STREAM)?, &mut |_| {})?;
+        for index in 0..conv.questions.len() {
+            if !(index as u64).is_multiple_of(args.every) {
+                continue;
+            }
+            for mode in &args.modes {
+                if done.contains(&(conv.id.clone(), index, mode.clone())) {
+                    resumed += 1;
+                    continue;
+                }
+                let asking = Asking {
+                    store: &store,
+                    recall: &recall,
+                    backend: backend.as_ref(),
+                    layout: &layout,
+                    args,
+                };
+                let record = asking.ask(conv, index, mode)?;
+                tracing::info!(
+                    "{} #{index} {mode} {}: {:?} -> {:?} (gold {:?}, score {:.2})",
+                    conv.id,
+                    record.category,
+                    record.question,
+                    record.answer,
+                    record.gold,
+                    record.score
+                );
+                writeln!(saved, "{}", serde_json::to_string(&record)?)?;
+                saved.flush()?;
+                records.push(record);
+                asked += 1;
+            }
+        }
+    }
+    tracing::info!("{asked} questions asked, {resumed} resumed");
+    records.retain(|r| {
+        args.modes.contains(&r.mode)
+            && conversations
+                .iter()
+                .any(|c| c.id == r.conversation && (r.index as u64).is_multiple_of(args.every))
+    });
+    report(args, &records)
+}
+
+/// Appends the conversation as a chat log to a new stream (a stream already holding it,
+/// from an earlier run, is kept), and says where each turn lies.
+fn ingest(store: &Store, conv: &Conversation) -> Result<Layout> {
+    let lines: String = conv
+        .turns
+        .iter()
+        .map(|t| t.chat_message().to_string() + "\n")
+        .collect();
+    let parsed = memagent_watcher::parse_chat(lines.as_bytes(), 0);
+    if let Some((line, reason)) = parsed.errors.first() {
+        bail!("{}: turn {line} cannot be rendered: {reason}", conv.id);
+    }
+    let layout = Layout {
+        turns: parsed
+            .turns
+            .iter()
+            .map(|&(offset, line)| (offset, conv.turns[line as usize - 1].id.clone()))
+            .collect(),
+        len: parsed.text.len() as u64,
+    };
+    match store.stream(STREAM)? {
+        Some(s) if s.log_len == layout.len => {}
+        Some(s) => bail!(
+            "{}: the stream holds {} bytes, not the {} of this conversation; remove the \
+             folder or use another --out",
+            conv.id,
+            s.log_len,
+            layout.len
+        ),
+        None => {
+            store.append_turns(
+                STREAM,
+                parsed.text.as_bytes(),
+                Some(&format!("{}.jsonl", conv.id)),
+                false,
+                parsed.turns,
+            )?;
+        }
+    }
+    Ok(layout)
+}
+
+struct Asking<'a> {
+    store: &'a Store,
+    recall: &'a Recall,
+    backend: Option<&'a ModelBackend>,
+    layout: &'a Layout,
+    args: &'a BenchQaArgs,
+}
+
+impl Asking<'_> {
+    fn without(&self, what: &str) -> bool {
+        self.args.without.iter().any(|w| w == what)
+    }
+
+    fn ask(&self, conv: &Conversation, index: usize, mode: &str) -> Result<Record> {
+        let q = &conv.questions[index];
+        let evidence: Vec<String> = q
+            .evidence
+            .iter()
+            .filter(|e| self.layout.turns.iter().any(|(_, id)| id == *e))
+            .cloned()
+            .collect();
+        let mut record = Record {
+            conversation: conv.id.clone(),
+            index,
+            mode: mode.to_string(),
+            category: q.category.name().to_string(),
+            question: q.question.clone(),
+            gold: q.answer.clone(),
+            answer: String::new(),
+            score: 0.0,
+            all_words: false,
+            abstained: false,
+            evidence,
+            turns_read: Vec::new(),
+            evidence_recall: None,
+            recall_at: Vec::new(),
+            seconds: 0.0,
+            model_calls: 0,
+        };
+        let started = Instant::now();
+        if mode == "search" {
+            let deepest = DEPTHS[DEPTHS.len() - 1];
+            let found = memagent_memory::search(
+                self.store,
+                self.recall,
+                Some(&[STREAM]),
+                &q.question,
+                deepest,
+            )?;
+            for depth in DEPTHS {
+                let read: Vec<String> = found
+                    .iter()
+                    .take(depth)
+                    .flat_map(|e| self.layout.turns_in(e.hit.start, e.hit.end))
+                    .collect();
+                record
+                    .recall_at
+                    .push(recall_of(&record.evidence, &read).unwrap_or(0.0));
+                record.turns_read = read;
+            }
+            record.evidence_recall = recall_of(&record.evidence, &record.turns_read);
+            record.seconds = started.elapsed().as_secs_f64();
+            return Ok(record);
+        }
+        let backend = self.backend.ok_or_else(|| anyhow!("no model"))?;
+        let query = Query {
+            stream: STREAM.into(),
+            questions: vec![q.question.clone()],
+            at: None,
+            mode: match mode {
+                "memory" => Mode::MemoryOnly,
+                _ => Mode::Evidence {
+                    k: self.args.passages,
+                    tokens: self.args.evidence_tokens,
+                },
+            },
+        };
+        let mut plan = query.plan(self.store, Some(self.recall))?;
+        if let (true, Plan::Evidence { found, .. }) = (self.without("dates"), &mut plan) {
+            for e in found.iter_mut().flatten() {
+                e.hit.dated = None;
+            }
+        }
+        let answer = local_answers(self.store, backend, &query, plan, &mut |_, _, _| {})?
+            .pop()
+            .ok_or_else(|| anyhow!("no answer"))?;
+        record.seconds = started.elapsed().as_secs_f64();
+        record.model_calls = answer.model_calls.unwrap_or(1);
+        record.turns_read = answer
+            .passages
+            .iter()
+            .flatten()
+            .flat_map(|e| self.layout.turns_in(e.hit.start, e.hit.end))
+            .collect();
+        if mode != "memory" {
+            record.evidence_recall = recall_of(&record.evidence, &record.turns_read);
+        }
+        record.answer = answer.text().trim().to_string();
+        record.score = locomo_score(q, &record.answer);
+        record.all_words = holds_gold_words(q, &record.answer);
+        record.abstained = abstains(&record.answer) || says_not_mentioned(&record.answer);
+        Ok(record)
+    }
+}
+
+fn load(path: &Path) -> Result<Vec<Record>> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(Vec::new());
+    };
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .enumerate()
+        .map(|(i, l)| {
+            serde_json::from_str(l).with_context(|| {
+                format!(
+                    "{}:{}: not a result line; remove the file or pass --fresh",
+                    path.display(),
+                    i + 1
+                )
+            })
+        })
+        .collect()
+}
+
+/// The summary of one mode's records over one group of them.
+fn summary(records: &[&Record]) -> serde_json::Value {
+    let answerable: Vec<&&Record> = records
+        .iter()
+        .filter(|r| r.category != Category::Adversarial.name())
+        .collect();
+    let adversarial: Vec<&&Record> = records
+        .iter()
+        .filter(|r| r.category == Category::Adversarial.name())
+        .collect();
+    let share = |rs: &[&&Record], f: &dyn Fn(&Record) -> bool| {
+        mean(rs.iter().map(|r| f64::from(u8::from(f(r)))))
+    };
+    json!({
+        "questions": records.len(),
+        "f1": mean(records.iter().map(|r| r.score)),
+        "f1_answerable": mean(answerable.iter().map(|r| r.score)),
+        "all_gold_words": share(&answerable, &|r| r.all_words),
+        "adversarial_not_mentioned": share(&adversarial, &|r| says_not_mentioned(&r.answer)),
+        "adversarial_abstained": share(&adversarial, &|r| r.abstained),
+        "false_not_known": share(&answerable, &|r| r.abstained),
+        "evidence_recall": mean(answerable.iter().filter_map(|r| r.evidence_recall)),
+        "recall_at": DEPTHS.iter().enumerate().map(|(i, d)| {
+            json!({"passages": d, "recall": mean(answerable.iter().filter_map(|r| r.recall_at.get(i).copied())),
+                   "any": share(&answerable, &|r| r.recall_at.get(i).is_some_and(|&x| x > 0.0)),
+                   "all": share(&answerable, &|r| r.recall_at.get(i).is_some_and(|&x| x >= 1.0))})
+        }).collect::<Vec<_>>(),
+        "seconds_per_question": mean(records.iter().map(|r| r.seconds)),
+        "model_calls_per_question": mean(records.iter().map(|r| r.model_calls as f64)),
+    })
+}
+
+fn report(args: &BenchQaArgs, records: &[Record]) -> Result<()> {
+    let mut results = BTreeMap::new();
+    for mode in &args.modes {
+        let of_mode: Vec<&Record> = records.iter().filter(|r| &r.mode == mode).collect();
+        let mut by_category = serde_json::Map::new();
+        for c in Category::ALL {
+            let rs: Vec<&Record> = of_mode
+                .iter()
+                .copied()
+                .filter(|r| r.category == c.name())
+                .collect();
+            if !rs.is_empty() {
+                by_category.insert(c.name().to_string(), summary(&rs));
+            }
+        }
+        results.insert(
+            mode.clone(),
+            json!({"overall": summary(&of_mode), "categories": by_category}),
+        );
+    }
+    let value = json!({
+        "data": args.data.display().to_string(),
+        "every": args.every,
+        "memory_steps": !args.no_memory,
+        "passages": args.passages,
+        "evidence_tokens": args.evidence_tokens,
+        "without": args.without,
+        "cpu": memagent_engine::bench::cpu_name(),
+        "results": results,
+    });
+    std::fs::write(
+        args.out.join("results.json"),
+        serde_json::to_string_pretty(&value)? + "\n",
+    )?;
+    let md = markdown(args, &value);
+    std::fs::write(args.out.join("report.md"), &md)?;
+    plot(&args.out.join("f1.svg"), &value, &args.modes)?;
+    if args.json {
+        return crate::commands::print_json(&value);
+    }
+    write!(std::io::stdout().lock(), "{md}")?;
+    Ok(())
+}
+
+fn pct(v: &serde_json::Value) -> String {
+    v.as_f64()
+        .map_or("-".into(), |x| format!("{:.0}%", 100.0 * x))
+}
+
+fn num(v: &serde_json::Value, digits: usize) -> String {
+    v.as_f64().map_or("-".into(), |x| format!("{x:.digits$}"))
+}
+
+fn markdown(args: &BenchQaArgs, value: &serde_json::Value) -> String {
+    let mut md = format!(
+        "# Question answering over conversations\n\n{} · every {} question(s) · {} · k {} · {} evidence tokens · CPU {}\n",
+        args.data.display(),
+        args.every,
+        if args.no_memory { "no memory steps" } else { "memory steps" },
+        args.passages,
+        args.evidence_tokens,
+        value["cpu"].as_str().unwrap_or("?"),
+    );
+    for mode in &args.modes {
+        let r = &value["results"][mode];
+        md.push_str(&format!("\n## {mode}\n\n"));
+        if mode == "search" {
+            md.push_str("| category | n | recall@1 | recall@5 | any@5 | recall@10 | all@10 |\n|---|---:|---:|---:|---:|---:|---:|\n");
+            let mut row = |name: &str, s: &serde_json::Value| {
+                let at = |i: usize, key: &str| pct(&s["recall_at"][i][key]);
+                md.push_str(&format!(
+                    "| {name} | {} | {} | {} | {} | {} | {} |\n",
+                    s["questions"],
+                    at(0, "recall"),
+                    at(1, "recall"),
+                    at(1, "any"),
+                    at(2, "recall"),
+                    at(2, "all")
+                ));
+            };
+            for c in Category::ALL {
+                if let Some(s) = r["categories"].get(c.name()) {
+                    row(c.name(), s);
+                }
+            }
+            row("overall", &r["overall"]);
+            continue;
+        }
+        md.push_str("| category | n | F1 | all gold words | evidence recall | abstained | s/question | model calls |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
+        let mut row = |name: &str, s: &serde_json::Value| {
+            md.push_str(&format!(
+                "| {name} | {} | {} | {} | {} | {} | {} | {} |\n",
+                s["questions"],
+                num(&s["f1"], 3),
+                pct(&s["all_gold_words"]),
+                pct(&s["evidence_recall"]),
+                match name {
+                    "adversarial" => pct(&s["adversarial_abstained"]),
+                    _ => pct(&s["false_not_known"]),
+                },
+                num(&s["seconds_per_question"], 2),
+                num(&s["model_calls_per_question"], 1),
+            ));
+        };
+        for c in Category::ALL {
+            if let Some(s) = r["categories"].get(c.name()) {
+                row(c.name(), s);
+            }
+        }
+        row("overall", &r["overall"]);
+        let o = &r["overall"];
+        md.push_str(&format!(
+            "\nF1 of answerable questions {}; adversarial answered \"not mentioned\" {} (abstained {}); false \"not known\" on answerable {}.\n",
+            num(&o["f1_answerable"], 3),
+            pct(&o["adversarial_not_mentioned"]),
+            pct(&o["adversarial_abstained"]),
+            pct(&o["false_not_known"]),
+        ));
+    }
+    md.push_str("\nPlot: f1.svg (F1 per category and mode; search mode: recall at 5).\n");
+    md
+}
+
+/// F1 per category, a bar per mode (the search mode's evidence recall at 5 passages).
+fn plot(path: &Path, value: &serde_json::Value, modes: &[String]) -> Result<()> {
+    use plotters::prelude::*;
+    let fail = |e: &dyn std::fmt::Display| anyhow!("cannot draw {}: {e}", path.display());
+    let root = SVGBackend::new(path, (900, 520)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| fail(&e))?;
+    let names: Vec<&str> = Category::ALL.iter().map(|c| c.name()).collect();
+    let mut chart = ChartBuilder::on(&root)
+        .caption("Conversations: score per category", ("sans-serif", 22))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0f64..names.len() as f64, 0f64..1.05f64)
+        .map_err(|e| fail(&e))?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(names.len() * 2 + 1)
+        .x_label_formatter(&|x| {
+            let i = (*x - 0.5).round();
+            match (
+                i >= 0.0 && (*x - 0.5 - i).abs() < 0.01,
+                names.get(i as usize),
+            ) {
+                (true, Some(n)) => n.to_string(),
+                _ => String::new(),
+            }
+        })
+        .y_desc("F1 (search: recall at 5)")
+        .draw()
+        .map_err(|e| fail(&e))?;
+    let width = 0.8 / modes.len().max(1) as f64;
+    for (m, mode) in modes.iter().enumerate() {
+        let color = Palette99::pick(m).to_rgba();
+        let bars: Vec<Rectangle<(f64, f64)>> = names
+            .iter()
+            .enumerate()
+            .filter_map(|(i, name)| {
+                let s = &value["results"][mode]["categories"][*name];
+                let y = match mode.as_str() {
+                    "search" => s["recall_at"][1]["recall"].as_f64(),
+                    _ => s["f1"].as_f64(),
+                }?;
+                let x = i as f64 + 0.1 + m as f64 * width;
+                Some(Rectangle::new([(x, 0.0), (x + width, y)], color.filled()))
+            })
+            .collect();
+        chart
+            .draw_series(bars)
+            .map_err(|e| fail(&e))?
+            .label(mode.clone())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| fail(&e))?;
+    root.present().map_err(|e| fail(&e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_passage_reads_the_turns_it_overlaps() {
+        let layout = Layout {
+            turns: vec![(0, "D1:1".into()), (30, "D1:2".into()), (70, "D1:3".into())],
+            len: 100,
+        };
+        assert_eq!(layout.turns_in(0, 30), ["D1:1"]);
+        assert_eq!(layout.turns_in(10, 71), ["D1:1", "D1:2", "D1:3"]);
+        assert_eq!(layout.turns_in(70, 100), ["D1:3"]);
+        let ev = ["D1:2".to_string(), "D1:3".to_string()];
+        assert_eq!(recall_of(&ev, &layout.turns_in(30, 70)), Some(0.5));
+        assert_eq!(recall_of(&[], &layout.turns_in(30, 70)), None);
+    }
+}

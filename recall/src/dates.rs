@@ -1,0 +1,354 @@
+//! Relative dates in chat turns resolved against the turn's time: "I went yesterday",
+//! said on 8 May 2023, is shown as "I went yesterday [7 May 2023]", so whoever reads the
+//! passage (a small model, a person, a big upstream model) sees when it happened.
+//!
+//! The expressions: yesterday, today, tonight, tomorrow, last night, this morning
+//! (afternoon, evening); N days, weeks, months or years ago (N a number, or a word:
+//! "a", "two", "a couple of", "a few"); last, this or next week, weekend, month or
+//! year; last or next Monday…Sunday; in January…December (the nearest such month: at
+//! most six months either side of the turn). Dates are written as LoCoMo and people
+//! write them: "7 May 2023", "May 2023", "2023", "the week before 9 June 2023".
+//!
+//! Date arithmetic is chrono's; the phrases are matched here, word by word (the
+//! maintained natural-date parsers read a whole string as one date, not expressions
+//! inside running text).
+
+use chrono::{Datelike, Duration, Months, NaiveDate, NaiveDateTime, Weekday};
+
+use crate::passages::turn_time;
+
+/// A relative expression found in a text, with what it resolves to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// Byte range of the expression in the text.
+    pub start: usize,
+    pub end: usize,
+    /// What it means, as a date or a span of dates ("7 May 2023", "April 2023").
+    pub means: String,
+}
+
+/// A time as chat logs write it: `2023-05-08 13:56` (with or without seconds or a
+/// trailing ` UTC`), RFC 3339, or a date alone.
+pub fn parse_time(text: &str) -> Option<NaiveDateTime> {
+    let t = text.trim().trim_end_matches(" UTC");
+    if let Ok(d) = chrono::DateTime::parse_from_rfc3339(t) {
+        return Some(d.naive_utc());
+    }
+    ["%Y-%m-%d %H:%M", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S"]
+        .iter()
+        .find_map(|f| NaiveDateTime::parse_from_str(t, f).ok())
+        .or_else(|| {
+            NaiveDate::parse_from_str(t, "%Y-%m-%d")
+                .ok()
+                .and_then(|d| d.and_hms_opt(0, 0, 0))
+        })
+}
+
+/// A date as people write it: "7 May 2023".
+pub fn day(d: NaiveDate) -> String {
+    format!("{} {}", d.day(), d.format("%B %Y"))
+}
+
+fn month(d: NaiveDate) -> String {
+    d.format("%B %Y").to_string()
+}
+
+const MONTHS: [&str; 12] = [
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+];
+
+fn weekday(word: &str) -> Option<Weekday> {
+    Some(match word {
+        "monday" => Weekday::Mon,
+        "tuesday" => Weekday::Tue,
+        "wednesday" => Weekday::Wed,
+        "thursday" => Weekday::Thu,
+        "friday" => Weekday::Fri,
+        "saturday" => Weekday::Sat,
+        "sunday" => Weekday::Sun,
+        _ => return None,
+    })
+}
+
+/// A count as a number or a word; `None` for "a few" and "several" (not a number),
+/// which the caller writes as a span.
+fn count(word: &str) -> Option<Option<u32>> {
+    let n = match word {
+        "a" | "an" | "one" => 1,
+        "two" | "couple" => 2,
+        "three" => 3,
+        "four" => 4,
+        "five" => 5,
+        "six" => 6,
+        "seven" => 7,
+        "eight" => 8,
+        "nine" => 9,
+        "ten" => 10,
+        "few" | "several" => return Some(None),
+        w => return w.parse().ok().filter(|&n| n > 0 && n < 100).map(Some),
+    };
+    Some(Some(n))
+}
+
+/// Words of `text`, lower-cased, with their byte ranges (letters and digits; an
+/// apostrophe inside a word is kept).
+fn words(text: &str) -> Vec<(usize, usize, String)> {
+    let mut out = Vec::new();
+    let mut start = None;
+    for (i, c) in text
+        .char_indices()
+        .chain(std::iter::once((text.len(), ' ')))
+    {
+        let inside = c.is_alphanumeric()
+            || (c == '\'' && start.is_some() && text[i + 1..].starts_with(char::is_alphabetic));
+        match (inside, start) {
+            (true, None) => start = Some(i),
+            (false, Some(s)) => {
+                out.push((s, i, text[s..i].to_lowercase()));
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The relative expressions of `text`, said at `at`, in order.
+pub fn resolve(text: &str, at: NaiveDateTime) -> Vec<Resolved> {
+    let now = at.date();
+    let w = words(text);
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < w.len() {
+        let word = |k: usize| w.get(i + k).map_or("", |x| x.2.as_str());
+        let found: Option<(usize, String)> = match word(0) {
+            "yesterday" => Some((1, day(now - Duration::days(1)))),
+            "today" | "tonight" => Some((1, day(now))),
+            "tomorrow" => Some((1, day(now + Duration::days(1)))),
+            "last" if word(1) == "night" => Some((2, day(now - Duration::days(1)))),
+            "this" if matches!(word(1), "morning" | "afternoon" | "evening") => Some((2, day(now))),
+            "last" | "this" | "next" => relative(word(0), word(1), now).map(|m| (2, m)),
+            "in" => in_month(word(1), word(2), now).map(|m| (2, m)),
+            _ => ago(&w[i..], now),
+        };
+        match found {
+            Some((n, means)) => {
+                out.push(Resolved {
+                    start: w[i].0,
+                    end: w[i + n - 1].1,
+                    means,
+                });
+                i += n;
+            }
+            None => i += 1,
+        }
+    }
+    out
+}
+
+/// "last week", "next month", "this year", "last Sunday"…
+fn relative(which: &str, unit: &str, now: NaiveDate) -> Option<String> {
+    let step: i32 = match which {
+        "last" => -1,
+        "next" => 1,
+        _ => 0,
+    };
+    let shift = |months: i32| match months.signum() {
+        -1 => now.checked_sub_months(Months::new(months.unsigned_abs())),
+        _ => now.checked_add_months(Months::new(months as u32)),
+    };
+    Some(match unit {
+        "week" | "weekend" => match which {
+            "last" => format!("the {unit} before {}", day(now)),
+            "next" => format!("the {unit} after {}", day(now)),
+            _ => format!("the {unit} of {}", day(now)),
+        },
+        "month" => month(shift(step)?),
+        "year" => (now.year() + step).to_string(),
+        other => {
+            let target = weekday(other)?;
+            let mut d = now;
+            loop {
+                d = match step {
+                    1 => d.succ_opt()?,
+                    0 => return None,
+                    _ => d.pred_opt()?,
+                };
+                if d.weekday() == target {
+                    break day(d);
+                }
+            }
+        }
+    })
+}
+
+/// "in March" (not followed by a year): the March nearest the turn.
+fn in_month(name: &str, next: &str, now: NaiveDate) -> Option<String> {
+    let m = MONTHS.iter().position(|&x| x == name)? as i32 + 1;
+    if next.len() == 4 && next.chars().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    let diff = m - now.month() as i32;
+    let year = match diff {
+        d if d > 6 => now.year() - 1,
+        d if d < -6 => now.year() + 1,
+        _ => now.year(),
+    };
+    Some(month(NaiveDate::from_ymd_opt(year, m as u32, 1)?))
+}
+
+/// "two days ago", "a couple of weeks ago", "a few months ago".
+fn ago(w: &[(usize, usize, String)], now: NaiveDate) -> Option<(usize, String)> {
+    let word = |k: usize| w.get(k).map_or("", |x| x.2.as_str());
+    // "a couple of" / "a few": the count word is the second.
+    let (n, skip) = match (word(0), word(1)) {
+        ("a", "couple") if word(2) == "of" => (Some(2), 3),
+        ("a", "few") => (None, 2),
+        (first, _) => (count(first)?, 1),
+    };
+    let unit = word(skip).trim_end_matches('s');
+    if word(skip + 1) != "ago" || !matches!(unit, "day" | "week" | "month" | "year") {
+        return None;
+    }
+    let len = skip + 2;
+    let Some(n) = n else {
+        return Some((len, format!("a few {unit}s before {}", day(now))));
+    };
+    let means = match unit {
+        "day" => day(now - Duration::days(n.into())),
+        "week" => format!("the week of {}", day(now - Duration::weeks(n.into()))),
+        "month" => month(now.checked_sub_months(Months::new(n))?),
+        _ => (now.year() - n as i32).to_string(),
+    };
+    Some((len, means))
+}
+
+/// `text` with each relative expression followed by what it means in brackets.
+pub fn annotate(text: &str, at: NaiveDateTime) -> String {
+    let mut out = String::with_capacity(text.len() + 32);
+    let mut from = 0;
+    for r in resolve(text, at) {
+        out.push_str(&text[from..r.end]);
+        out.push_str(&format!(" [{}]", r.means));
+        from = r.end;
+    }
+    out.push_str(&text[from..]);
+    out
+}
+
+/// A passage with the relative dates of each chat turn resolved against the turn's own
+/// time (lines that are not timed turns are left as they are); `None` when nothing
+/// was resolved.
+pub fn dated(passage: &str) -> Option<String> {
+    let mut changed = false;
+    let lines: Vec<String> = passage
+        .split_inclusive('\n')
+        .map(|line| {
+            let Some(at) = turn_time(line).and_then(parse_time) else {
+                return line.to_string();
+            };
+            // The words after the speaker: the time itself is not an expression.
+            let body = line.find("] ").map_or(0, |i| i + 2);
+            let annotated = annotate(&line[body..], at);
+            changed |= annotated.len() != line.len() - body;
+            format!("{}{annotated}", &line[..body])
+        })
+        .collect();
+    changed.then(|| lines.concat())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(text: &str) -> NaiveDateTime {
+        parse_time(text).unwrap()
+    }
+
+    fn means(text: &str, when: &str) -> Vec<String> {
+        resolve(text, at(when))
+            .into_iter()
+            .map(|r| r.means)
+            .collect()
+    }
+
+    #[test]
+    fn each_expression_resolves_against_the_turn_time() {
+        let may8 = "2023-05-08 13:56"; // a Monday
+        assert_eq!(means("I went yesterday.", may8), ["7 May 2023"]);
+        assert_eq!(
+            means("Today and tomorrow", may8),
+            ["8 May 2023", "9 May 2023"]
+        );
+        assert_eq!(means("last night", may8), ["7 May 2023"]);
+        assert_eq!(means("Two days ago", may8), ["6 May 2023"]);
+        assert_eq!(means("3 days ago", may8), ["5 May 2023"]);
+        assert_eq!(means("last week", may8), ["the week before 8 May 2023"]);
+        assert_eq!(means("next month", may8), ["June 2023"]);
+        assert_eq!(means("last month", may8), ["April 2023"]);
+        assert_eq!(means("last year", may8), ["2022"]);
+        assert_eq!(
+            means("a few days ago", may8),
+            ["a few days before 8 May 2023"]
+        );
+        assert_eq!(means("a couple of months ago", may8), ["March 2023"]);
+        assert_eq!(means("last Saturday", may8), ["6 May 2023"]);
+        assert_eq!(means("next Monday", may8), ["15 May 2023"]);
+        assert_eq!(means("in March", may8), ["March 2023"]);
+        // The nearest December is the one before.
+        assert_eq!(means("in December", may8), ["December 2022"]);
+        // A month with its year is already a date; a plain "last" is not a date.
+        assert!(means("in March 2021", may8).is_empty());
+        assert!(means("the last time we met", may8).is_empty());
+        assert!(means("days ago I said", may8).is_empty());
+    }
+
+    #[test]
+    fn month_and_year_boundaries() {
+        assert_eq!(means("yesterday", "2023-03-01 09:00"), ["28 February 2023"]);
+        assert_eq!(means("yesterday", "2024-03-01 09:00"), ["29 February 2024"]);
+        assert_eq!(means("tomorrow", "2023-12-31 23:59"), ["1 January 2024"]);
+        assert_eq!(means("last month", "2023-01-15 10:00"), ["December 2022"]);
+        assert_eq!(means("next month", "2023-12-15 10:00"), ["January 2024"]);
+        assert_eq!(means("in January", "2023-11-20 10:00"), ["January 2024"]);
+        assert_eq!(
+            means("last Sunday", "2023-01-01 10:00"),
+            ["25 December 2022"]
+        );
+    }
+
+    #[test]
+    fn turns_are_dated_by_their_own_time_and_untimed_text_is_left_alone() {
+        let passage = "[2023-05-08 13:56] user (Caroline): I went to a support group yesterday.\n\
+                       [2023-05-25 13:14] user (Melanie): I ran a charity race last Sunday.\n\
+                       user (Mel): Yesterday was fun.\n";
+        let shown = dated(passage).unwrap();
+        assert!(
+            shown.contains("support group yesterday [7 May 2023]."),
+            "{shown}"
+        );
+        assert!(shown.contains("last Sunday [21 May 2023]."), "{shown}");
+        assert!(
+            shown.contains("user (Mel): Yesterday was fun.\n"),
+            "{shown}"
+        );
+        assert!(shown.starts_with("[2023-05-08 13:56] user (Caroline): "));
+        assert_eq!(dated("[2023-05-08 13:56] user: Hello there.\n"), None);
+        assert_eq!(dated("Yesterday, in a document without a time."), None);
+        assert_eq!(
+            annotate("Yesterday.", at("2023-05-08T13:56:00Z")),
+            "Yesterday [7 May 2023]."
+        );
+    }
+}
