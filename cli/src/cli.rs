@@ -1213,6 +1213,10 @@ pub struct BenchQaArgs {
     /// Only these conversations (their ids, comma-separated)
     #[arg(long, value_delimiter = ',')]
     pub conversations: Vec<String>,
+    /// Only questions of these categories (single-hop, multi-hop, temporal, open-domain,
+    /// adversarial)
+    #[arg(long, value_delimiter = ',')]
+    pub categories: Vec<String>,
     /// Ask every Nth question of each conversation (1: all)
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     pub every: u64,

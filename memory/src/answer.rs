@@ -2,8 +2,9 @@
 //! asked on its own, then one answer chosen, with the passages it cites.
 
 use memagent_agent::{AnswerReport, MemoryAgent, PASSAGE_ANSWER};
+use memagent_recall::dates;
 use memagent_recall::passages::{
-    bearing_sentences, coverage, holds_any, names, rarest_words, relevant_notes,
+    bearing_sentences, coverage, holds_any, names, rarest_words, relevant_notes, turn_time,
 };
 use memagent_store::MemoryVersion;
 
@@ -19,6 +20,9 @@ pub struct Answered {
     pub passages: Vec<Evidence>,
     /// Prompts the model answered for it (0: answered without the model).
     pub calls: usize,
+    /// The model's own answer, when the answer is a date read from the passages instead
+    /// (see [`passage_date`]).
+    pub model_answer: Option<String>,
 }
 
 /// Each question answered from its passages, one prompt per passage
@@ -86,9 +90,10 @@ pub fn answer_with_evidence(
     for (question, a) in questions.iter().zip(asked) {
         if let Some(name) = a.absent {
             out.push(Answered {
-                report: made_answer(format!("Not known: nothing stored mentions {name}.")),
+                report: made_answer(format!("Not mentioned: nothing stored names {name}.")),
                 passages: Vec::new(),
                 calls: 0,
+                model_answer: None,
             });
             continue;
         }
@@ -117,7 +122,23 @@ pub fn answer_with_evidence(
         let unit_said: Vec<Option<&str>> = units.iter().map(Option::as_deref).collect();
         let texts: Vec<&str> = a.units.iter().map(|(_, t)| t.as_str()).collect();
         let about = about_the_question(question, &texts, &unit_said);
-        let (answer, cited) = chosen_answer(question, &unit_said, &about, from_notes);
+        let (mut answer, mut cited) = chosen_answer(question, &unit_said, &about, from_notes);
+        let mut model_answer = None;
+        // A question asking when is answered with the date of the turn that bears on it
+        // most: its relative date resolved, else the turn's own day.
+        let dated = asks_when(question)
+            .then(|| best_passage(&a.passages, question))
+            .flatten()
+            .and_then(|p| Some((p, passage_date(&a.passages[p].hit.text, question)?)));
+        if let Some((p, date)) = dated {
+            model_answer = Some(std::mem::replace(&mut answer, date));
+            cited = a
+                .units
+                .iter()
+                .position(|(i, _)| *i == p)
+                .into_iter()
+                .collect();
+        }
         let mut passages = a.passages;
         for ((passage, _), unit) in a.units.iter().zip(&units) {
             if let Some(unit) = unit {
@@ -137,6 +158,7 @@ pub fn answer_with_evidence(
             report,
             passages,
             calls,
+            model_answer,
         });
     }
     Ok(out)
@@ -169,7 +191,8 @@ fn chosen_answer(
         answering.next_back().into_iter().collect()
     };
     if cited.is_empty() {
-        let answer = from_notes.unwrap_or_else(|| "Not known: no passage found says.".to_string());
+        let answer =
+            from_notes.unwrap_or_else(|| "Not mentioned in the passages found.".to_string());
         return (answer, Vec::new());
     }
     let answer = cited.iter().map(|(_, s)| *s).collect::<Vec<_>>().join(" ");
@@ -238,6 +261,61 @@ pub fn abstains(answer: &str) -> bool {
         ]
         .iter()
         .any(|m| a.contains(m))
+}
+
+/// Whether a question asks when: it starts with "when", or asks what or which date,
+/// day, month or year.
+fn asks_when(question: &str) -> bool {
+    let words: Vec<String> = question
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .take(2)
+        .map(str::to_lowercase)
+        .collect();
+    match words.as_slice() {
+        [first, ..] if first == "when" => true,
+        [what, unit] => {
+            matches!(what.as_str(), "what" | "which")
+                && matches!(unit.as_str(), "date" | "day" | "month" | "year")
+        }
+        _ => false,
+    }
+}
+
+/// The passage holding the turn that shares the most of `question`'s words, the search's
+/// better ranked of equals.
+fn best_passage(passages: &[Evidence], question: &str) -> Option<usize> {
+    let best_turn = |e: &Evidence| {
+        e.hit
+            .text
+            .lines()
+            .map(|l| coverage(l, question))
+            .max()
+            .unwrap_or(0)
+    };
+    (0..passages.len()).max_by(|&a, &b| {
+        let (pa, pb) = (&passages[a], &passages[b]);
+        best_turn(pa)
+            .cmp(&best_turn(pb))
+            .then(pa.hit.score.total_cmp(&pb.hit.score))
+    })
+}
+
+/// The date of the chat turn of `passage` that shares the most words with `question`
+/// (the first of equals): the first relative date it says, resolved against its time
+/// ("yesterday" said on 8 May 2023: "7 May 2023"), else the day it was said. `None`
+/// when no turn of the passage has a time.
+pub fn passage_date(passage: &str, question: &str) -> Option<String> {
+    let (line, at) = passage
+        .lines()
+        .filter_map(|line| Some((line, dates::parse_time(turn_time(line)?)?)))
+        .rev()
+        .max_by_key(|(line, _)| coverage(line, question))?;
+    let body = &line[line.find("] ").map_or(0, |i| i + 2)..];
+    Some(match dates::resolve(body, at).into_iter().next() {
+        Some(r) => r.means,
+        None => dates::day(at.date()),
+    })
 }
 
 /// Whether a question asks for every value ("List all of them", "What are all …",
@@ -334,6 +412,23 @@ mod tests {
         let (answer, cited) = chosen_answer(q, &[None], &[true], None);
         assert!(abstains(&answer), "{answer}");
         assert!(cited.is_empty());
+    }
+
+    #[test]
+    fn a_when_question_gets_the_date_of_the_turn_that_bears_on_it() {
+        let passage = "[2023-05-08 13:56] user (Caroline): I went to a LGBTQ support group yesterday.\n\
+                       [2023-05-08 13:57] user (Melanie): Wow, that's cool, Caroline!\n\
+                       [2023-05-08 13:58] user (Caroline): The transgender stories were inspiring.\n";
+        let q = "When did Caroline go to the LGBTQ support group?";
+        assert!(asks_when(q));
+        assert_eq!(passage_date(passage, q).as_deref(), Some("7 May 2023"));
+        // No relative date: the day the turn was said.
+        let q = "When did Caroline hear transgender stories?";
+        assert_eq!(passage_date(passage, q).as_deref(), Some("8 May 2023"));
+        assert_eq!(passage_date("No time here.", q), None);
+        assert!(!asks_when("In which year did Gina open her store?"));
+        assert!(asks_when("What year did Gina open her store?"));
+        assert!(!asks_when("What did Gina open?"));
     }
 
     #[test]

@@ -129,6 +129,10 @@ pub struct Answer {
     /// the model).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_calls: Option<usize>,
+    /// The model's own answer, when the answer is a date read from the cited passage
+    /// (a question asking when).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_answer: Option<String>,
     /// Deep answers only.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deep: bool,
@@ -151,6 +155,7 @@ impl Answer {
             seconds: report.seconds,
             passages: None,
             model_calls: Some(1),
+            model_answer: None,
             deep: false,
             read: None,
         }
@@ -170,6 +175,7 @@ impl Answer {
             seconds: deep.answer.seconds,
             passages: None,
             model_calls: None,
+            model_answer: None,
             deep: true,
             read: Some(DeepRead {
                 chain: deep.chain,
@@ -248,6 +254,7 @@ impl Query {
                     .map(|(q, answered)| Answer {
                         passages: Some(answered.passages),
                         model_calls: Some(answered.calls),
+                        model_answer: answered.model_answer,
                         ..Answer::from_memory(stream, memory.version, q, &answered.report)
                     })
                     .collect())

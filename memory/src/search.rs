@@ -169,18 +169,70 @@ pub const EVIDENCE_TOKENS: usize = 512;
 pub const MEANING_ONLY_SIMILARITY: f32 = 0.35;
 
 /// A name the question asks about (a capitalised word inside it) that none of the
-/// passages found for it and not the memory mention: what the stream never said, so
-/// the answer is "not known" without asking the model. The search ranks any passage
-/// holding a rare name near the top, so a name absent from the passages found is absent
-/// from the stream.
+/// passages found for it and not the memory mention in any form: what the stream never
+/// said, so the answer is "not known" without asking the model. The search ranks any
+/// passage holding a rare name near the top, so a name absent from the passages found is
+/// absent from the stream. A form is the word in any case, with another ending (the
+/// first six letters agree), or with one letter slipped ("Jean" for "John" is two
+/// letters, not one; "Johns" for "John" is one). Months and weekdays are not names:
+/// chat turns carry their dates as times, not words.
 pub fn unmentioned(question: &str, found: &[Evidence], memory: &str) -> Option<String> {
-    names(question).into_iter().find(|name| {
-        let name = name.to_lowercase();
-        !memory.to_lowercase().contains(&name)
-            && !found
-                .iter()
-                .any(|e| e.hit.text.to_lowercase().contains(&name))
-    })
+    let mut stored: Vec<String> = words_of(memory);
+    for e in found {
+        stored.extend(words_of(e.hit.shown()));
+    }
+    stored.sort_unstable();
+    stored.dedup();
+    names(question)
+        .into_iter()
+        .filter(|name| !is_calendar_word(name))
+        .find(|name| {
+            let name = name.to_lowercase();
+            !stored.iter().any(|w| same_word(&name, w))
+        })
+}
+
+/// The lower-cased words of `text`.
+fn words_of(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect()
+}
+
+/// Whether two lower-cased words are forms of one: equal, the same first six letters
+/// (another ending), or one letter apart in words of four letters or more.
+fn same_word(a: &str, b: &str) -> bool {
+    let prefix = |w: &str| w.chars().take(6).collect::<String>();
+    a == b
+        || (a.chars().count() >= 6 && prefix(a) == prefix(b))
+        || (a.chars().count() >= 4 && strsim::damerau_levenshtein(a, b) <= 1)
+}
+
+/// Months and weekdays, which a question names as dates.
+fn is_calendar_word(word: &str) -> bool {
+    const CALENDAR: [&str; 19] = [
+        "january",
+        "february",
+        "march",
+        "april",
+        "may",
+        "june",
+        "july",
+        "august",
+        "september",
+        "october",
+        "november",
+        "december",
+        "monday",
+        "tuesday",
+        "wednesday",
+        "thursday",
+        "friday",
+        "saturday",
+        "sunday",
+    ];
+    CALENDAR.contains(&word.to_lowercase().as_str())
 }
 
 /// Sentences of each passage an answer prompt keeps (those sharing the most words with
@@ -359,6 +411,33 @@ mod tests {
         assert!(evidence_passages(&Words, q, Vec::new(), 20)
             .unwrap()
             .is_empty());
+    }
+
+    #[test]
+    fn a_name_is_unmentioned_only_when_no_form_of_it_is_stored() {
+        let found = [found(
+            0,
+            "[2023-05-08 13:56] user (John): I visited Paris with my colleagues.",
+            None,
+        )];
+        let absent = |q: &str| unmentioned(q, &found, "(none yet)");
+        // A one-letter slip, another ending, another case: the same name.
+        assert_eq!(absent("Which city did Johns visit?"), None);
+        assert_eq!(absent("Which city did Jhon visit?"), None);
+        assert_eq!(absent("Who were John's Colleague friends?"), None);
+        // A date is not a name the turns must say.
+        assert_eq!(absent("Where was John in July 2023?"), None);
+        // Another name altogether.
+        assert_eq!(
+            absent("Which city have both Mary and John visited?"),
+            Some("Mary".into())
+        );
+        assert_eq!(absent("Where does Ingrid live?"), Some("Ingrid".into()));
+        // The memory counts as stored.
+        assert_eq!(
+            unmentioned("Where does Ingrid live?", &found, "Ingrid lives in Oslo."),
+            None
+        );
     }
 
     #[test]

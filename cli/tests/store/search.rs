@@ -356,7 +356,7 @@ fn a_question_about_a_name_never_stored_is_not_known_without_the_model() {
     std::fs::write(&file, notes()).unwrap();
     let answer = ingest_and_ask(&dir, &file);
     assert_eq!(
-        answer["answer"], "Not known: nothing stored mentions Ingrid.",
+        answer["answer"], "Not mentioned: nothing stored names Ingrid.",
         "{answer:#}"
     );
     assert_eq!(answer["prompt_tokens"], 0, "no model call: {answer:#}");
