@@ -185,7 +185,7 @@ pub fn unmentioned(question: &str, found: &[Evidence], memory: &str) -> Option<S
     stored.dedup();
     names(question)
         .into_iter()
-        .filter(|name| !is_calendar_word(name))
+        .filter(|name| !memagent_recall::dates::is_calendar_word(name))
         .find(|name| {
             let name = name.to_lowercase();
             !stored.iter().any(|w| same_word(&name, w))
@@ -207,32 +207,6 @@ fn same_word(a: &str, b: &str) -> bool {
     a == b
         || (a.chars().count() >= 6 && prefix(a) == prefix(b))
         || (a.chars().count() >= 4 && strsim::damerau_levenshtein(a, b) <= 1)
-}
-
-/// Months and weekdays, which a question names as dates.
-fn is_calendar_word(word: &str) -> bool {
-    const CALENDAR: [&str; 19] = [
-        "january",
-        "february",
-        "march",
-        "april",
-        "may",
-        "june",
-        "july",
-        "august",
-        "september",
-        "october",
-        "november",
-        "december",
-        "monday",
-        "tuesday",
-        "wednesday",
-        "thursday",
-        "friday",
-        "saturday",
-        "sunday",
-    ];
-    CALENDAR.contains(&word.to_lowercase().as_str())
 }
 
 /// Sentences of each passage an answer prompt keeps (those sharing the most words with

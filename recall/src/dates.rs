@@ -68,6 +68,12 @@ const MONTHS: [&str; 12] = [
     "december",
 ];
 
+/// Whether `word` names a month or a weekday (any case).
+pub fn is_calendar_word(word: &str) -> bool {
+    let word = word.to_lowercase();
+    MONTHS.contains(&word.as_str()) || weekday(&word).is_some()
+}
+
 fn weekday(word: &str) -> Option<Weekday> {
     Some(match word {
         "monday" => Weekday::Mon,
