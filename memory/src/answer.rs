@@ -4,11 +4,12 @@
 use memagent_agent::{AnswerReport, MemoryAgent, PASSAGE_ANSWER};
 use memagent_recall::dates;
 use memagent_recall::passages::{
-    bearing_sentences, coverage, holds_any, names, rarest_words, relevant_notes, turn_time,
+    bearing_sentences, coverage, holds_any, names, rarest_words, relevant_notes, turn_speaker,
+    turn_time,
 };
 use memagent_store::MemoryVersion;
 
-use crate::search::{evidence_passages, unlabelled, unmentioned, Evidence, NOTE_LINES};
+use crate::search::{evidence_passages, same_word, unlabelled, unmentioned, Evidence, NOTE_LINES};
 use crate::Result;
 
 /// One question's answer from [`answer_with_evidence`].
@@ -30,11 +31,12 @@ pub struct Answered {
 /// batch. A question asking for every value ("list all …") gets the answers of every
 /// passage that says, oldest first; any other question gets the newest passage's answer
 /// (a fact said again later replaces what was said before), then the notes', then "not
-/// known". A question that names someone or something that neither the passages found
-/// nor the memory mention is answered "not known" without the model (see
-/// [`unmentioned`]), with no passage. Each answer comes with the
-/// passages asked, oldest first, each with what it alone answered and whether the
-/// answer cites it.
+/// mentioned". A question that names someone or something that neither the passages
+/// found nor the memory mention is answered "not mentioned" without the model (see
+/// [`unmentioned`]), with no passage; so is a question about one speaker of a chat whose
+/// turns bearing on it are another's (see [`said_by_another`]), with its passages. Each
+/// answer comes with the passages asked, oldest first, each with what it alone answered
+/// and whether the answer cites it.
 pub fn answer_with_evidence(
     agent: &MemoryAgent<'_>,
     memory: &MemoryVersion,
@@ -49,14 +51,21 @@ pub fn answer_with_evidence(
             Some(_) => Vec::new(),
             None => evidence_passages(agent.tokenizer(), question, hits, budget)?,
         };
-        let notes = absent
+        let texts: Vec<&str> = passages.iter().map(|(_, e)| e.hit.text.as_str()).collect();
+        let made = match absent {
+            Some(name) => Some(format!("Not mentioned: nothing stored names {name}.")),
+            None => said_by_another(question, &texts).map(|(asked, speaker)| {
+                format!("Not mentioned of {asked}: the turns about this are {speaker}'s.")
+            }),
+        };
+        let notes = made
             .is_none()
             .then(|| relevant_notes(&memory.text, question, NOTE_LINES))
             .flatten();
         // Asked whole, or a sentence at a time for every value.
         let all = asks_for_all(question);
         let mut units = Vec::new();
-        for (i, (text, _)) in passages.iter().enumerate() {
+        for (i, (text, _)) in passages.iter().enumerate().filter(|_| made.is_none()) {
             match all {
                 true => units.extend(
                     bearing_sentences(text, question)
@@ -67,7 +76,7 @@ pub fn answer_with_evidence(
             }
         }
         asked.push(Asked {
-            absent,
+            made,
             passages: passages.into_iter().map(|(_, e)| e).collect(),
             units,
             notes,
@@ -88,10 +97,10 @@ pub fn answer_with_evidence(
         .into_iter();
     let mut out = Vec::with_capacity(asked.len());
     for (question, a) in questions.iter().zip(asked) {
-        if let Some(name) = a.absent {
+        if let Some(made) = a.made {
             out.push(Answered {
-                report: made_answer(format!("Not mentioned: nothing stored names {name}.")),
-                passages: Vec::new(),
+                report: made_answer(made),
+                passages: a.passages,
                 calls: 0,
                 model_answer: None,
             });
@@ -222,9 +231,61 @@ fn about_the_question(question: &str, texts: &[&str], said: &[Option<&str>]) -> 
         .collect()
 }
 
+/// When `question` asks about one of the people speaking in the chat turns of `texts`,
+/// and the turns sharing the most of its other words are statements of someone else,
+/// the pair (who is asked about, who said it): the question takes what one person said
+/// of themselves for another's ("What did Melanie realise after her charity race?"
+/// where Caroline ran it). A turn asking something counts for the person asked about,
+/// who may answer it in the next turn. Names of speakers are not counted as shared
+/// words: every turn is addressed to one.
+fn said_by_another(question: &str, texts: &[&str]) -> Option<(String, String)> {
+    let turns: Vec<(&str, &str)> = texts
+        .iter()
+        .flat_map(|t| t.lines().filter_map(turn_speaker))
+        .collect();
+    let mut speakers: Vec<&str> = turns.iter().map(|(s, _)| *s).collect();
+    speakers.sort_unstable();
+    speakers.dedup();
+    let is_speaker = |word: &str| {
+        let word = word.to_lowercase();
+        speakers
+            .iter()
+            .any(|s| same_word(&s.to_lowercase(), word.trim_end_matches("'s")))
+    };
+    let named = names(question);
+    let asked: Vec<&str> = speakers
+        .iter()
+        .copied()
+        .filter(|s| {
+            let s = s.to_lowercase();
+            named.iter().any(|n| same_word(&n.to_lowercase(), &s))
+        })
+        .collect();
+    let [asked] = asked.as_slice() else {
+        return None;
+    };
+    let rest = question
+        .split(|c: char| !c.is_alphanumeric() && c != '\'')
+        .filter(|w| !w.is_empty() && !is_speaker(w))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut theirs = 0;
+    let mut others: (usize, &str) = (0, "");
+    for (speaker, body) in &turns {
+        let shared = coverage(body, &rest);
+        if speaker == asked || body.contains('?') {
+            theirs = theirs.max(shared);
+        } else if shared > others.0 {
+            others = (shared, speaker);
+        }
+    }
+    (others.0 > theirs).then(|| (asked.to_string(), others.1.to_string()))
+}
+
 /// What one question needs of the batch.
 struct Asked {
-    absent: Option<String>,
+    /// The answer when it is made without the model.
+    made: Option<String>,
     passages: Vec<Evidence>,
     /// What is asked: each passage's text (its sentences one by one for every value),
     /// with the passage's index.
@@ -282,16 +343,16 @@ fn asks_when(question: &str) -> bool {
     }
 }
 
-/// The passage holding the turn that shares the most of `question`'s words, the search's
-/// better ranked of equals.
+/// The passage holding the turn that bears most on a question asking when (see
+/// [`when_rank`]), the search's better ranked of equals.
 fn best_passage(passages: &[Evidence], question: &str) -> Option<usize> {
     let best_turn = |e: &Evidence| {
         e.hit
             .text
             .lines()
-            .map(|l| coverage(l, question))
+            .map(|l| when_rank(l, question))
             .max()
-            .unwrap_or(0)
+            .unwrap_or_default()
     };
     (0..passages.len()).max_by(|&a, &b| {
         let (pa, pb) = (&passages[a], &passages[b]);
@@ -301,21 +362,37 @@ fn best_passage(passages: &[Evidence], question: &str) -> Option<usize> {
     })
 }
 
-/// The date of the chat turn of `passage` that shares the most words with `question`
-/// (the first of equals): the first relative date it says, resolved against its time
-/// ("yesterday" said on 8 May 2023: "7 May 2023"), else the day it was said. `None`
-/// when no turn of the passage has a time.
+/// How much a turn bears on a question asking when: the question's words it shares,
+/// then whether it says when (a relative date it names, such as "yesterday"), which
+/// tells a turn about the event from one that merely mentions it.
+fn when_rank(line: &str, question: &str) -> (usize, bool) {
+    let says_when = turn_time(line)
+        .and_then(dates::parse_time)
+        .is_some_and(|at| !dates::resolve(turn_body(line), at).is_empty());
+    (coverage(line, question), says_when)
+}
+
+/// A chat turn's words without its time.
+fn turn_body(line: &str) -> &str {
+    &line[line.find("] ").map_or(0, |i| i + 2)..]
+}
+
+/// The date of the chat turn of `passage` that bears most on `question` (see
+/// [`when_rank`]; the first of equals): the first relative date it says, resolved
+/// against its time ("yesterday" said on 8 May 2023: "7 May 2023"), else the day it was
+/// said. `None` when no turn of the passage has a time.
 pub fn passage_date(passage: &str, question: &str) -> Option<String> {
     let (line, at) = passage
         .lines()
         .filter_map(|line| Some((line, dates::parse_time(turn_time(line)?)?)))
         .rev()
-        .max_by_key(|(line, _)| coverage(line, question))?;
-    let body = &line[line.find("] ").map_or(0, |i| i + 2)..];
-    Some(match dates::resolve(body, at).into_iter().next() {
-        Some(r) => r.means,
-        None => dates::day(at.date()),
-    })
+        .max_by_key(|(line, _)| when_rank(line, question))?;
+    Some(
+        match dates::resolve(turn_body(line), at).into_iter().next() {
+            Some(r) => r.means,
+            None => dates::day(at.date()),
+        },
+    )
 }
 
 /// Whether a question asks for every value ("List all of them", "What are all …",
@@ -426,9 +503,55 @@ mod tests {
         let q = "When did Caroline hear transgender stories?";
         assert_eq!(passage_date(passage, q).as_deref(), Some("8 May 2023"));
         assert_eq!(passage_date("No time here.", q), None);
+        // Of two turns sharing as many words, the one saying when the event was.
+        let passage = "[2023-05-08 13:56] user (Caroline): The support group meets on Fridays.\n\
+                       [2023-05-08 13:57] user (Caroline): I went to the support group yesterday.\n";
+        let q = "When did Caroline go to the support group?";
+        assert_eq!(passage_date(passage, q).as_deref(), Some("7 May 2023"));
         assert!(!asks_when("In which year did Gina open her store?"));
         assert!(asks_when("What year did Gina open her store?"));
         assert!(!asks_when("What did Gina open?"));
+    }
+
+    #[test]
+    fn what_one_speaker_said_of_themselves_is_not_mentioned_of_the_other() {
+        let texts = [
+            "[2023-05-25 13:14] user (Melanie): I ran a charity race for mental health last Saturday.\n\
+             [2023-05-25 13:15] user (Caroline): That's great, Melanie! How did it go?\n\
+             [2023-05-25 13:16] user (Melanie): Thanks, Caroline! I realised self-care is important.",
+            "[2023-06-09 10:00] user (Caroline): I gave a talk at a school last week.",
+        ];
+        let q = "What did Caroline realize after her charity race?";
+        assert_eq!(
+            said_by_another(q, &texts),
+            Some(("Caroline".to_string(), "Melanie".to_string()))
+        );
+        // Asked of the one who said it, or of both, it is theirs to answer.
+        assert_eq!(
+            said_by_another("What did Melanie realize after her charity race?", &texts),
+            None
+        );
+        assert_eq!(
+            said_by_another(
+                "What did Melanie and Caroline realize after the race?",
+                &texts
+            ),
+            None
+        );
+        // A question turn counts for the one asked: the answer may be theirs.
+        let asked = [
+            "[2023-05-25 13:15] user (Caroline): How did your charity race go, Melanie?\n\
+                      [2023-05-25 13:16] user (Melanie): Great, thanks!",
+        ];
+        assert_eq!(
+            said_by_another("How did Melanie's charity race go?", &asked),
+            None
+        );
+        // Without speakers' names there is no one else.
+        assert_eq!(
+            said_by_another(q, &["I ran a charity race and realised it."]),
+            None
+        );
     }
 
     #[test]

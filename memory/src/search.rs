@@ -202,7 +202,7 @@ fn words_of(text: &str) -> Vec<String> {
 
 /// Whether two lower-cased words are forms of one: equal, the same first six letters
 /// (another ending), or one letter apart in words of four letters or more.
-fn same_word(a: &str, b: &str) -> bool {
+pub(crate) fn same_word(a: &str, b: &str) -> bool {
     let prefix = |w: &str| w.chars().take(6).collect::<String>();
     a == b
         || (a.chars().count() >= 6 && prefix(a) == prefix(b))

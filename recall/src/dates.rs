@@ -163,7 +163,8 @@ pub fn resolve(text: &str, at: NaiveDateTime) -> Vec<Resolved> {
     out
 }
 
-/// "last week", "next month", "this year", "last Sunday"…
+/// "last week", "next month", "this year", "last Sunday" (the day named with its
+/// date: "Sunday 21 May 2023")…
 fn relative(which: &str, unit: &str, now: NaiveDate) -> Option<String> {
     let step: i32 = match which {
         "last" => -1,
@@ -192,7 +193,7 @@ fn relative(which: &str, unit: &str, now: NaiveDate) -> Option<String> {
                     _ => d.pred_opt()?,
                 };
                 if d.weekday() == target {
-                    break day(d);
+                    break format!("{} {}", d.format("%A"), day(d));
                 }
             }
         }
@@ -309,8 +310,8 @@ mod tests {
             ["a few days before 8 May 2023"]
         );
         assert_eq!(means("a couple of months ago", may8), ["March 2023"]);
-        assert_eq!(means("last Saturday", may8), ["6 May 2023"]);
-        assert_eq!(means("next Monday", may8), ["15 May 2023"]);
+        assert_eq!(means("last Saturday", may8), ["Saturday 6 May 2023"]);
+        assert_eq!(means("next Monday", may8), ["Monday 15 May 2023"]);
         assert_eq!(means("in March", may8), ["March 2023"]);
         // The nearest December is the one before.
         assert_eq!(means("in December", may8), ["December 2022"]);
@@ -330,7 +331,7 @@ mod tests {
         assert_eq!(means("in January", "2023-11-20 10:00"), ["January 2024"]);
         assert_eq!(
             means("last Sunday", "2023-01-01 10:00"),
-            ["25 December 2022"]
+            ["Sunday 25 December 2022"]
         );
     }
 
@@ -344,7 +345,10 @@ mod tests {
             shown.contains("support group yesterday [7 May 2023]."),
             "{shown}"
         );
-        assert!(shown.contains("last Sunday [21 May 2023]."), "{shown}");
+        assert!(
+            shown.contains("last Sunday [Sunday 21 May 2023]."),
+            "{shown}"
+        );
         assert!(
             shown.contains("user (Mel): Yesterday was fun.\n"),
             "{shown}"

@@ -64,6 +64,22 @@ pub fn turn_time(passage: &str) -> Option<&str> {
     is_turn(line).then(|| &rest[..end])
 }
 
+/// The speaker and the words of a chat turn rendered with a name
+/// (`[2023-05-08 13:56] user (Caroline): I went …` gives `("Caroline", "I went …")`).
+pub fn turn_speaker(line: &str) -> Option<(&str, &str)> {
+    let line = line.trim_start();
+    if !is_turn(line) {
+        return None;
+    }
+    let rest = match line.strip_prefix('[') {
+        Some(r) => &r[r.find("] ")? + 2..],
+        None => line,
+    };
+    let open = rest.find(" (")?;
+    let close = open + rest[open..].find("): ")?;
+    Some((&rest[open + 2..close], &rest[close + 3..]))
+}
+
 /// Word spans of `line` (offsets into it): runs without whitespace, long runs in
 /// pieces of at most [`WORD_BYTES`] bytes.
 fn words(line: &str) -> impl Iterator<Item = (usize, usize)> + '_ {
@@ -365,6 +381,16 @@ mod tests {
         assert!(t[1].starts_with("assistant: w0"));
         assert_eq!(turn_time(t[0]), Some("2026-11-20 09:13"));
         assert_eq!(turn_time(t[1]), None);
+        assert_eq!(
+            turn_speaker(t[0].lines().next().unwrap()),
+            Some(("Priya", "hi"))
+        );
+        assert_eq!(
+            turn_speaker("user (Ana): I moved (again): Porto"),
+            Some(("Ana", "I moved (again): Porto"))
+        );
+        assert_eq!(turn_speaker("assistant: hello"), None);
+        assert_eq!(turn_speaker("Priya (me): hi"), None, "not a chat turn");
     }
 
     #[test]
