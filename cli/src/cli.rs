@@ -116,7 +116,7 @@ pub enum Command {
     /// with the question.
     Query(QueryArgs),
     /// Search everything a stream stored: passages ranked by words (BM25) and by meaning
-    /// (sentence embeddings), fused by reciprocal rank
+    /// (sentence embeddings), fused by their scaled scores
     #[command(
         after_help = "Examples:\n  memctl search chat \"Ingrid's birthday\"\n  \
         memctl search --all \"wifi password\" -k 3 --json"
@@ -480,7 +480,8 @@ pub struct BenchSessionsArgs {
     #[arg(long, value_delimiter = ',', default_value = "evidence,memory")]
     pub modes: Vec<String>,
 
-    /// Leave the general memory empty (skip the memory steps): evidence alone
+    /// Leave the general memory empty (skip the memory steps): evidence alone. Search
+    /// alone (`--modes search`) never runs them
     #[arg(long)]
     pub no_memory: bool,
 

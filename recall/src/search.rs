@@ -1,5 +1,6 @@
 //! Search: passages ranked by words (BM25) and by meaning (the question's embedding
-//! against each passage's vector), the two rankings fused by reciprocal rank.
+//! against each passage's vector), the two fused by their scores: each ranking's scores
+//! scaled to 0–1 over its candidates, then weighted ([`WORDS_WEIGHT`]).
 
 use super::*;
 
@@ -28,7 +29,9 @@ pub struct Hit {
     pub line: Option<u64>,
     /// The chat turn's time, when it has one.
     pub time: Option<String>,
-    /// Fused score: Σ 1/(60 + rank) over the rankings that found it.
+    /// Fused score, 0–1: the BM25 score over the best one's, and the similarity scaled
+    /// between the least and most similar candidates, weighted ([`WORDS_WEIGHT`]);
+    /// a ranking that did not find it adds 0.
     pub score: f64,
     /// 1-based rank by words (BM25) and by meaning, where each found it.
     pub bm25_rank: Option<usize>,
@@ -67,7 +70,7 @@ impl Fused {
 
 impl Recall {
     /// The best `k` passages for `request.text`: BM25 and (with an embedder) vector
-    /// rankings of up to 50 candidates each, fused by reciprocal rank.
+    /// rankings of up to 50 candidates each, fused by their scaled scores.
     pub fn search(&self, request: &SearchRequest<'_>) -> Result<Vec<Hit>> {
         let searcher = self.reader.searcher();
         let stream_filter = |id: u64| request.streams.is_none_or(|s| s.contains(&id));
@@ -84,9 +87,10 @@ impl Recall {
                 scored.push((score, self.position(&searcher, address)?, address));
             }
             scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-            for (rank, (_, position, address)) in scored.into_iter().enumerate() {
+            let top = scored.first().map_or(1.0, |s| s.0.max(f32::MIN_POSITIVE));
+            for (rank, (score, position, address)) in scored.into_iter().enumerate() {
                 let e = fused.entry(position).or_insert_with(|| Fused::new(address));
-                e.score += 1.0 / (RRF_K + rank as f64 + 1.0);
+                e.score += WORDS_WEIGHT * f64::from(score / top);
                 e.bm25_rank = Some(rank + 1);
             }
         }
@@ -129,11 +133,14 @@ impl Recall {
                 scored.truncate(CANDIDATES);
             }
             scored.sort_by(order);
+            let hi = scored.first().map_or(1.0, |s| s.0);
+            let lo = scored.last().map_or(0.0, |s| s.0);
             for (rank, (similarity, position, address)) in
                 scored.into_iter().take(CANDIDATES).enumerate()
             {
                 let e = fused.entry(position).or_insert_with(|| Fused::new(address));
-                e.score += 1.0 / (RRF_K + rank as f64 + 1.0);
+                e.score +=
+                    (1.0 - WORDS_WEIGHT) * f64::from((similarity - lo) / (hi - lo).max(1e-6));
                 e.vector_rank = Some(rank + 1);
                 e.similarity = Some(similarity);
             }

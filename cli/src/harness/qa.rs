@@ -88,6 +88,12 @@ impl Layout {
     }
 }
 
+/// Whether the memory steps run: a mode answering reads the memory, unless
+/// `--no-memory`; search alone does not.
+fn memory_steps(args: &BenchQaArgs) -> bool {
+    !args.no_memory && args.modes.iter().any(|m| m != "search")
+}
+
 /// Share of `evidence` among `read`; `None` when there is no evidence turn.
 fn recall_of(evidence: &[String], read: &[String]) -> Option<f64> {
     (!evidence.is_empty()).then(|| {
@@ -143,7 +149,7 @@ pub fn run(global: &Settings, args: &BenchQaArgs) -> Result<()> {
         .open(&saved_path)
         .with_context(|| format!("cannot write {}", saved_path.display()))?;
     let needs_model = args.modes.iter().any(|m| m != "search");
-    let backend = match needs_model || !args.no_memory {
+    let backend = match needs_model {
         true => Some(ModelBackend::open(global, &args.run)?),
         false => None,
     };
@@ -153,7 +159,7 @@ pub fn run(global: &Settings, args: &BenchQaArgs) -> Result<()> {
         let dir = args.out.join("stores").join(&conv.id);
         let store = Store::open(&dir)?;
         let layout = ingest(&store, conv)?;
-        if let (false, Some(backend)) = (args.no_memory, &backend) {
+        if let (true, Some(backend)) = (memory_steps(args), &backend) {
             let started = Instant::now();
             let steps = read_pending(global, &store, backend, STREAM, |step| {
                 tracing::info!("{}: {step}", conv.id)
@@ -443,7 +449,7 @@ fn report(args: &BenchQaArgs, records: &[Record]) -> Result<()> {
     let value = json!({
         "data": args.data.display().to_string(),
         "every": args.every,
-        "memory_steps": !args.no_memory,
+        "memory_steps": memory_steps(args),
         "passages": args.passages,
         "evidence_tokens": args.evidence_tokens,
         "without": args.without,
@@ -478,7 +484,7 @@ fn markdown(args: &BenchQaArgs, value: &serde_json::Value) -> String {
         "# Question answering over conversations\n\n{} · every {} question(s) · {} · k {} · {} evidence tokens · CPU {}\n",
         args.data.display(),
         args.every,
-        if args.no_memory { "no memory steps" } else { "memory steps" },
+        if memory_steps(args) { "memory steps" } else { "no memory steps" },
         args.passages,
         args.evidence_tokens,
         value["cpu"].as_str().unwrap_or("?"),
