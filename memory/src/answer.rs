@@ -1,6 +1,7 @@
 //! How a question is answered from a memory and the passages found for it: each passage
 //! asked on its own, then one answer chosen, with the passages it cites.
 
+use chrono::NaiveDateTime;
 use memagent_agent::{AnswerReport, MemoryAgent, PASSAGE_ANSWER};
 use memagent_recall::dates;
 use memagent_recall::passages::{
@@ -347,10 +348,9 @@ fn asks_when(question: &str) -> bool {
 /// [`when_rank`]), the search's better ranked of equals.
 fn best_passage(passages: &[Evidence], question: &str) -> Option<usize> {
     let best_turn = |e: &Evidence| {
-        e.hit
-            .text
-            .lines()
-            .map(|l| when_rank(l, question))
+        timed_lines(&e.hit.text)
+            .into_iter()
+            .map(|(line, at)| when_rank(line, at, question))
             .max()
             .unwrap_or_default()
     };
@@ -362,13 +362,43 @@ fn best_passage(passages: &[Evidence], question: &str) -> Option<usize> {
     })
 }
 
+/// The lines of `passage`, each with the time of its chat turn or of the last timed turn
+/// before it in the passage (a chat log may stamp only a session's first turn).
+fn timed_lines(passage: &str) -> Vec<(&str, Option<NaiveDateTime>)> {
+    let mut at = None;
+    passage
+        .lines()
+        .map(|line| {
+            if let Some(t) = turn_time(line).and_then(dates::parse_time) {
+                at = Some(t);
+            }
+            (line, at)
+        })
+        .collect()
+}
+
+/// What a line says of when: a relative date resolved against its time, a date written
+/// out, or neither.
+enum Says {
+    Relative(String),
+    Written,
+    Nothing,
+}
+
+fn says(line: &str, at: Option<NaiveDateTime>) -> Says {
+    let body = turn_body(line);
+    match at.and_then(|at| dates::resolve(body, at).into_iter().next()) {
+        Some(r) => Says::Relative(r.means),
+        None if dates::names_a_date(body) => Says::Written,
+        None => Says::Nothing,
+    }
+}
+
 /// How much a turn bears on a question asking when: the question's words it shares,
-/// then whether it says when (a relative date it names, such as "yesterday"), which
-/// tells a turn about the event from one that merely mentions it.
-fn when_rank(line: &str, question: &str) -> (usize, bool) {
-    let says_when = turn_time(line)
-        .and_then(dates::parse_time)
-        .is_some_and(|at| !dates::resolve(turn_body(line), at).is_empty());
+/// then whether it says when (a relative date, "yesterday", or a date written out),
+/// which tells a turn about the event from one that merely mentions it.
+fn when_rank(line: &str, at: Option<NaiveDateTime>, question: &str) -> (usize, bool) {
+    let says_when = !matches!(says(line, at), Says::Nothing);
     (coverage(line, question), says_when)
 }
 
@@ -377,22 +407,21 @@ fn turn_body(line: &str) -> &str {
     &line[line.find("] ").map_or(0, |i| i + 2)..]
 }
 
-/// The date of the chat turn of `passage` that bears most on `question` (see
-/// [`when_rank`]; the first of equals): the first relative date it says, resolved
-/// against its time ("yesterday" said on 8 May 2023: "7 May 2023"), else the day it was
-/// said. `None` when no turn of the passage has a time.
+/// The date of the line of `passage` that bears most on `question` (see [`when_rank`];
+/// the first of equals): the first relative date it says, resolved against its turn's
+/// time ("yesterday" said on 8 May 2023: "7 May 2023"), else the day it was said. `None`
+/// when it has no time, or when it writes a date out ("Kofi's birthday is December
+/// 27"): the model reads it.
 pub fn passage_date(passage: &str, question: &str) -> Option<String> {
-    let (line, at) = passage
-        .lines()
-        .filter_map(|line| Some((line, dates::parse_time(turn_time(line)?)?)))
+    let (line, at) = timed_lines(passage)
+        .into_iter()
         .rev()
-        .max_by_key(|(line, _)| when_rank(line, question))?;
-    Some(
-        match dates::resolve(turn_body(line), at).into_iter().next() {
-            Some(r) => r.means,
-            None => dates::day(at.date()),
-        },
-    )
+        .max_by_key(|&(line, at)| when_rank(line, at, question))?;
+    match says(line, at) {
+        Says::Relative(means) => Some(means),
+        Says::Written => None,
+        Says::Nothing => at.map(|at| dates::day(at.date())),
+    }
 }
 
 /// Whether a question asks for every value ("List all of them", "What are all …",
@@ -508,6 +537,18 @@ mod tests {
                        [2023-05-08 13:57] user (Caroline): I went to the support group yesterday.\n";
         let q = "When did Caroline go to the support group?";
         assert_eq!(passage_date(passage, q).as_deref(), Some("7 May 2023"));
+        // A turn that writes its date out is left to the model, stamped or not.
+        let passage = "[2026-01-15 09:00] user: Can you suggest a quick lunch idea?\n\
+                       assistant: Noted.\n\
+                       user: My cousin Kofi's birthday is on December 27.\n\
+                       assistant: I'll remember Kofi's birthday.\n";
+        assert_eq!(passage_date(passage, "When is Kofi's birthday?"), None);
+        // An unstamped turn has the time of the session's stamped one.
+        let passage = "[2026-01-15 09:00] user: Hello.\nuser: Kofi moved to Oslo yesterday.\n";
+        assert_eq!(
+            passage_date(passage, "When did Kofi move to Oslo?").as_deref(),
+            Some("14 January 2026")
+        );
         assert!(!asks_when("In which year did Gina open her store?"));
         assert!(asks_when("What year did Gina open her store?"));
         assert!(!asks_when("What did Gina open?"));

@@ -130,6 +130,22 @@ fn words(text: &str) -> Vec<(usize, usize, String)> {
     out
 }
 
+/// Whether `text` writes a date out: a month named beside a number ("December 27",
+/// "9 June", "May 2023") or a year ("since 2018"). Such a turn says its own date; the
+/// day it was said is not the answer to when.
+pub fn names_a_date(text: &str) -> bool {
+    let w = words(text);
+    let number = |k: usize| {
+        w.get(k)
+            .is_some_and(|x| x.2.starts_with(|c: char| c.is_ascii_digit()))
+    };
+    (0..w.len()).any(|i| {
+        let word = w[i].2.as_str();
+        let year = word.len() == 4 && word.parse::<u32>().is_ok_and(|y| (1900..2100).contains(&y));
+        year || (MONTHS.contains(&word) && (number(i + 1) || (i > 0 && number(i - 1))))
+    })
+}
+
 /// The relative expressions of `text`, said at `at`, in order.
 pub fn resolve(text: &str, at: NaiveDateTime) -> Vec<Resolved> {
     let now = at.date();
@@ -333,6 +349,17 @@ mod tests {
             means("last Sunday", "2023-01-01 10:00"),
             ["Sunday 25 December 2022"]
         );
+    }
+
+    #[test]
+    fn dates_written_out_are_told_from_words_that_look_like_them() {
+        assert!(names_a_date("Kofi's birthday is December 27."));
+        assert!(names_a_date("It's on the 9th of June... 9 June, I mean."));
+        assert!(names_a_date("We moved in May 2023."));
+        assert!(names_a_date("I've been surfing since 2018."));
+        assert!(!names_a_date("I may go in a bit."));
+        assert!(!names_a_date("I went to the museum yesterday."));
+        assert!(!names_a_date("Room 4411 at 10:30."));
     }
 
     #[test]
