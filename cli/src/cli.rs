@@ -1022,7 +1022,8 @@ pub enum BenchCommand {
     /// Question answering over real conversations (LoCoMo's schema, or JSON Lines of
     /// turns and questions): each conversation ingested as a chat log, each question
     /// asked as `memctl query` asks; token F1 per category as published, evidence recall
-    /// of the turns read, abstentions, seconds and model calls per question. Resumable:
+    /// of the turns read (and of the sentences of them the model was shown), abstentions,
+    /// seconds and model calls per question. Resumable:
     /// results are saved as each question is answered
     #[command(after_help = "The JSON Lines format, one object per line:\n  \
         {\"conversation\": \"trip\", \"id\": \"t1\", \"name\": \"Gina\", \"content\": \"I flew to Rome yesterday.\", \"timestamp\": \"2023-05-11 14:02\"}\n  \

@@ -271,6 +271,28 @@ pub fn evidence_passages(
     Ok(chosen.into_iter().map(|(text, e, _)| (text, e)).collect())
 }
 
+/// The log byte ranges of the sentences of `found` that an answer's prompt shows for
+/// `question` (its [`focus`]; the whole passage when the focus keeps it whole), found
+/// in the stored text.
+pub fn shown_ranges(found: &Evidence, question: &str) -> Vec<(u64, u64)> {
+    let text = &found.hit.text;
+    let whole = (found.hit.start, found.hit.end);
+    let kept = focus(text, question, FOCUS_SENTENCES);
+    if kept == text.trim() {
+        return vec![whole];
+    }
+    let mut ranges = Vec::new();
+    let mut from = 0;
+    for sentence in kept.split(" … ") {
+        if let Some(at) = text[from..].find(sentence) {
+            let start = found.hit.start + (from + at) as u64;
+            ranges.push((start, start + sentence.len() as u64));
+            from += at + sentence.len();
+        }
+    }
+    ranges
+}
+
 /// Lines of the memory an answer prompt keeps: those sharing the most words with the
 /// question ([`relevant_notes`]).
 pub const NOTE_LINES: usize = 3;
@@ -412,6 +434,23 @@ mod tests {
             unmentioned("Where does Ingrid live?", &found, "Ingrid lives in Oslo."),
             None
         );
+    }
+
+    #[test]
+    fn the_ranges_shown_are_the_sentences_kept() {
+        let text = "Fog. The code for the Loire is 5363752. Rain at noon. The Loire floods.";
+        let e = found(100, text, None);
+        let shown = shown_ranges(&e, "What is the code for the Loire?");
+        let quoted: Vec<&str> = shown
+            .iter()
+            .map(|&(a, b)| &text[(a - 100) as usize..(b - 100) as usize])
+            .collect();
+        assert_eq!(
+            quoted,
+            ["The code for the Loire is 5363752.", "The Loire floods."]
+        );
+        let short = found(7, "One. Two.", None);
+        assert_eq!(shown_ranges(&short, "What?"), [(7, 7 + 9)]);
     }
 
     #[test]

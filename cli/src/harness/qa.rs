@@ -54,6 +54,12 @@ struct Record {
     turns_read: Vec<String>,
     /// Share of the evidence turns among those read; `None` without evidence turns.
     evidence_recall: Option<f64>,
+    /// The turns of the sentences the answer's prompts showed the model (each passage
+    /// read is cut to the sentences bearing on the question), and the evidence's share.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    turns_shown: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    shown_recall: Option<f64>,
     /// Search mode: the share at 1, 5 and 10 passages.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     recall_at: Vec<f64>,
@@ -300,6 +306,8 @@ impl Asking<'_> {
             evidence,
             turns_read: Vec::new(),
             evidence_recall: None,
+            turns_shown: Vec::new(),
+            shown_recall: None,
             recall_at: Vec::new(),
             seconds: 0.0,
             model_calls: 0,
@@ -363,6 +371,18 @@ impl Asking<'_> {
             .collect();
         if mode != "memory" {
             record.evidence_recall = recall_of(&record.evidence, &record.turns_read);
+            let mut shown: Vec<String> = Vec::new();
+            for e in answer.passages.iter().flatten() {
+                for (start, end) in memagent_memory::shown_ranges(e, &q.question) {
+                    for turn in self.layout.turns_in(start, end) {
+                        if !shown.contains(&turn) {
+                            shown.push(turn);
+                        }
+                    }
+                }
+            }
+            record.shown_recall = recall_of(&record.evidence, &shown);
+            record.turns_shown = shown;
         }
         record.answer = answer.text().trim().to_string();
         record.score = locomo_score(q, &record.answer);
@@ -416,6 +436,7 @@ fn summary(records: &[&Record]) -> serde_json::Value {
         "adversarial_abstained": share(&adversarial, &|r| r.abstained),
         "false_not_known": share(&answerable, &|r| r.abstained),
         "evidence_recall": mean(answerable.iter().filter_map(|r| r.evidence_recall)),
+        "evidence_shown": mean(answerable.iter().filter_map(|r| r.shown_recall)),
         "recall_at": DEPTHS.iter().enumerate().map(|(i, d)| {
             json!({"passages": d, "recall": mean(answerable.iter().filter_map(|r| r.recall_at.get(i).copied())),
                    "any": share(&answerable, &|r| r.recall_at.get(i).is_some_and(|&x| x > 0.0)),
@@ -514,14 +535,15 @@ fn markdown(args: &BenchQaArgs, value: &serde_json::Value) -> String {
             row("overall", &r["overall"]);
             continue;
         }
-        md.push_str("| category | n | F1 | all gold words | evidence recall | abstained | s/question | model calls |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
+        md.push_str("| category | n | F1 | all gold words | evidence recall | evidence shown | abstained | s/question | model calls |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         let mut row = |name: &str, s: &serde_json::Value| {
             md.push_str(&format!(
-                "| {name} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {name} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 s["questions"],
                 num(&s["f1"], 3),
                 pct(&s["all_gold_words"]),
                 pct(&s["evidence_recall"]),
+                pct(&s["evidence_shown"]),
                 match name {
                     "adversarial" => pct(&s["adversarial_abstained"]),
                     _ => pct(&s["false_not_known"]),
