@@ -83,16 +83,24 @@ fn an_append_to_a_caught_up_stream_goes_ahead_of_the_backlog() {
         (version(&status, "chat.txt") > chat_version).then_some(())
     });
     let status = daemon.try_status().expect("status");
-    let log = daemon.log_text();
+    // The step is logged just after its commit, which the status already shows.
+    let logged = |l: &str| {
+        l.contains("chat.txt: chunk ") && l.contains(&format!("-> memory v{}", chat_version + 1))
+    };
+    let log = wait_for(
+        "the chat's step in the log",
+        Duration::from_secs(60),
+        || {
+            let log = daemon.log_text();
+            log.lines().any(logged).then_some(log)
+        },
+    );
     assert!(daemon.stop().success());
     // Backlog steps committed before the chat's: what was left of the batch under way
     // when the text came, and the others of the chat's own batch.
     let chat_step = log
         .lines()
-        .position(|l| {
-            l.contains("chat.txt: chunk ")
-                && l.contains(&format!("-> memory v{}", chat_version + 1))
-        })
+        .position(logged)
         .unwrap_or_else(|| panic!("the chat's step is logged:\n{log}"));
     let ahead = backlog_steps(&log.lines().take(chat_step).collect::<Vec<_>>().join("\n")) - before;
     assert!(
