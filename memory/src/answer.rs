@@ -235,8 +235,8 @@ fn about_the_question(question: &str, texts: &[&str], said: &[Option<&str>]) -> 
 /// When `question` asks about one of the people speaking in the chat turns of `texts`,
 /// and the turns sharing the most of its other words are statements of someone else,
 /// the pair (who is asked about, who said it): the question takes what one person said
-/// of themselves for another's ("What did Melanie realise after her charity race?"
-/// where Caroline ran it). A turn asking something counts for the person asked about,
+/// of themselves for another's ("What did Ravi realise after his half marathon?"
+/// where Ana ran it). A turn asking something counts for the person asked about,
 /// who may answer it in the next turn. Names of speakers are not counted as shared
 /// words: every turn is addressed to one.
 fn said_by_another(question: &str, texts: &[&str]) -> Option<(String, String)> {
@@ -522,20 +522,20 @@ mod tests {
 
     #[test]
     fn a_when_question_gets_the_date_of_the_turn_that_bears_on_it() {
-        let passage = "[2023-05-08 13:56] user (Caroline): I went to a LGBTQ support group yesterday.\n\
-                       [2023-05-08 13:57] user (Melanie): Wow, that's cool, Caroline!\n\
-                       [2023-05-08 13:58] user (Caroline): The transgender stories were inspiring.\n";
-        let q = "When did Caroline go to the LGBTQ support group?";
+        let passage = "[2023-05-08 13:56] user (Ana): I went to the climbing gym yesterday.\n\
+                       [2023-05-08 13:57] user (Ravi): Wow, that's cool, Ana!\n\
+                       [2023-05-08 13:58] user (Ana): The route setters were great.\n";
+        let q = "When did Ana go to the climbing gym?";
         assert!(asks_when(q));
         assert_eq!(passage_date(passage, q).as_deref(), Some("7 May 2023"));
         // No relative date: the day the turn was said.
-        let q = "When did Caroline hear transgender stories?";
+        let q = "When did Ana meet the route setters?";
         assert_eq!(passage_date(passage, q).as_deref(), Some("8 May 2023"));
         assert_eq!(passage_date("No time here.", q), None);
         // Of two turns sharing as many words, the one saying when the event was.
-        let passage = "[2023-05-08 13:56] user (Caroline): The support group meets on Fridays.\n\
-                       [2023-05-08 13:57] user (Caroline): I went to the support group yesterday.\n";
-        let q = "When did Caroline go to the support group?";
+        let passage = "[2023-05-08 13:56] user (Ana): The climbing gym opens on Fridays.\n\
+                       [2023-05-08 13:57] user (Ana): I went to the climbing gym yesterday.\n";
+        let q = "When did Ana go to the climbing gym?";
         assert_eq!(passage_date(passage, q).as_deref(), Some("7 May 2023"));
         // A turn that writes its date out is left to the model, stamped or not.
         let passage = "[2026-01-15 09:00] user: Can you suggest a quick lunch idea?\n\
@@ -557,40 +557,37 @@ mod tests {
     #[test]
     fn what_one_speaker_said_of_themselves_is_not_mentioned_of_the_other() {
         let texts = [
-            "[2023-05-25 13:14] user (Melanie): I ran a charity race for mental health last Saturday.\n\
-             [2023-05-25 13:15] user (Caroline): That's great, Melanie! How did it go?\n\
-             [2023-05-25 13:16] user (Melanie): Thanks, Caroline! I realised self-care is important.",
-            "[2023-06-09 10:00] user (Caroline): I gave a talk at a school last week.",
+            "[2023-05-25 13:14] user (Ravi): I ran a half marathon last Saturday.\n\
+             [2023-05-25 13:15] user (Ana): That's great, Ravi! How did it go?\n\
+             [2023-05-25 13:16] user (Ravi): Thanks, Ana! I realised rest days matter.",
+            "[2023-06-09 10:00] user (Ana): I gave a talk at a school last week.",
         ];
-        let q = "What did Caroline realize after her charity race?";
+        let q = "What did Ana realize after her half marathon?";
         assert_eq!(
             said_by_another(q, &texts),
-            Some(("Caroline".to_string(), "Melanie".to_string()))
+            Some(("Ana".to_string(), "Ravi".to_string()))
         );
         // Asked of the one who said it, or of both, it is theirs to answer.
         assert_eq!(
-            said_by_another("What did Melanie realize after her charity race?", &texts),
+            said_by_another("What did Ravi realize after his half marathon?", &texts),
             None
         );
         assert_eq!(
-            said_by_another(
-                "What did Melanie and Caroline realize after the race?",
-                &texts
-            ),
+            said_by_another("What did Ravi and Ana realize after the race?", &texts),
             None
         );
         // A question turn counts for the one asked: the answer may be theirs.
         let asked = [
-            "[2023-05-25 13:15] user (Caroline): How did your charity race go, Melanie?\n\
-                      [2023-05-25 13:16] user (Melanie): Great, thanks!",
+            "[2023-05-25 13:15] user (Ana): How did your half marathon go, Ravi?\n\
+                      [2023-05-25 13:16] user (Ravi): Great, thanks!",
         ];
         assert_eq!(
-            said_by_another("How did Melanie's charity race go?", &asked),
+            said_by_another("How did Ravi's half marathon go?", &asked),
             None
         );
         // Without speakers' names there is no one else.
         assert_eq!(
-            said_by_another(q, &["I ran a charity race and realised it."]),
+            said_by_another(q, &["I ran a half marathon and realised it."]),
             None
         );
     }

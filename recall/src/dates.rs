@@ -358,18 +358,18 @@ mod tests {
         assert!(names_a_date("We moved in May 2023."));
         assert!(names_a_date("I've been surfing since 2018."));
         assert!(!names_a_date("I may go in a bit."));
-        assert!(!names_a_date("I went to the museum yesterday."));
+        assert!(!names_a_date("I went to the aquarium yesterday."));
         assert!(!names_a_date("Room 4411 at 10:30."));
     }
 
     #[test]
     fn turns_are_dated_by_their_own_time_and_untimed_text_is_left_alone() {
-        let passage = "[2023-05-08 13:56] user (Caroline): I went to a support group yesterday.\n\
-                       [2023-05-25 13:14] user (Melanie): I ran a charity race last Sunday.\n\
-                       user (Mel): Yesterday was fun.\n";
+        let passage = "[2023-05-08 13:56] user (Ana): I went to the climbing gym yesterday.\n\
+                       [2023-05-25 13:14] user (Ravi): I ran a half marathon last Sunday.\n\
+                       user (Rav): Yesterday was fun.\n";
         let shown = dated(passage).unwrap();
         assert!(
-            shown.contains("support group yesterday [7 May 2023]."),
+            shown.contains("climbing gym yesterday [7 May 2023]."),
             "{shown}"
         );
         assert!(
@@ -377,10 +377,10 @@ mod tests {
             "{shown}"
         );
         assert!(
-            shown.contains("user (Mel): Yesterday was fun.\n"),
+            shown.contains("user (Rav): Yesterday was fun.\n"),
             "{shown}"
         );
-        assert!(shown.starts_with("[2023-05-08 13:56] user (Caroline): "));
+        assert!(shown.starts_with("[2023-05-08 13:56] user (Ana): "));
         assert_eq!(dated("[2023-05-08 13:56] user: Hello there.\n"), None);
         assert_eq!(dated("Yesterday, in a document without a time."), None);
         assert_eq!(

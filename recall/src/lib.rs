@@ -64,7 +64,7 @@ const CANDIDATES: usize = 50;
 /// scores are first scaled to 0–1 over its candidates (BM25 over the best score, the
 /// similarity between the least and the most similar), so a passage found by one
 /// ranking alone keeps what that ranking saw: a rare word matched (the only passage
-/// saying "museum") is not outranked by passages merely ranked fair by both, as
+/// saying "aquarium") is not outranked by passages merely ranked fair by both, as
 /// reciprocal-rank fusion does. Chosen on LoCoMo's development conversations: an
 /// evidence passage within 5 for 74% of the questions against 69% by reciprocal rank,
 /// 69% by words alone (docs/benchmarks/conversations/).

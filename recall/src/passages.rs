@@ -70,7 +70,7 @@ pub fn turn_time(passage: &str) -> Option<&str> {
 }
 
 /// The speaker and the words of a chat turn rendered with a name
-/// (`[2023-05-08 13:56] user (Caroline): I went …` gives `("Caroline", "I went …")`).
+/// (`[2023-05-08 13:56] user (Ana): I went …` gives `("Ana", "I went …")`).
 pub fn turn_speaker(line: &str) -> Option<(&str, &str)> {
     let line = line.trim_start();
     if !is_turn(line) {
