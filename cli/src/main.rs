@@ -46,7 +46,7 @@ fn main() -> ExitCode {
             if commands::is_broken_pipe(&err) {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", commands::error_text(&err));
             ExitCode::FAILURE
         }
     }

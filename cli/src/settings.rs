@@ -211,7 +211,8 @@ impl Settings {
                 .map(PathBuf::from)
         };
         Self {
-            config: ConfigFile::load(args.config.as_deref()).map_err(|e| format!("{e:#}")),
+            config: ConfigFile::load(args.config.as_deref())
+                .map_err(|e| crate::commands::error_text(&e)),
             model_env: env("MEMAGENT_MODEL"),
             data_dir_env: env("MEMAGENT_DATA_DIR"),
             args,

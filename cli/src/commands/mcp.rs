@@ -341,7 +341,7 @@ impl Shared {
         let db = Db::open(&self.global).map_err(|e| internal(&e))?;
         let version = db
             .version_at(&stream, None)
-            .map_err(|e| ErrorData::resource_not_found(format!("{e:#}"), None))?;
+            .map_err(|e| ErrorData::resource_not_found(super::error_text(&e), None))?;
         Ok(version.text)
     }
 }
@@ -383,7 +383,7 @@ fn stream_of_uri(uri: &str) -> Option<String> {
 }
 
 fn internal(e: &anyhow::Error) -> ErrorData {
-    ErrorData::internal_error(format!("{e:#}"), None)
+    ErrorData::internal_error(super::error_text(e), None)
 }
 
 /// A call's outcome as a tool result: its text, with the JSON beside it; or its error
@@ -395,7 +395,7 @@ fn outcome(result: Result<(String, Value)>) -> CallToolResult {
             done.structured_content = Some(value);
             done
         }
-        Err(e) => CallToolResult::error(vec![ContentBlock::text(format!("{e:#}"))]),
+        Err(e) => CallToolResult::error(vec![ContentBlock::text(super::error_text(&e))]),
     }
 }
 

@@ -458,6 +458,23 @@ pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
     Ok(())
 }
 
+/// An error and its causes on one line, each said once: a message that already quotes
+/// its cause ("cannot read notes.md: No such file or directory") is not followed by
+/// the cause again, as `{:#}` would.
+pub fn error_text(err: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in err.chain() {
+        let part = cause.to_string();
+        if text.is_empty() {
+            text = part;
+        } else if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+    }
+    text
+}
+
 /// A closed stdout (`memctl ... | head`) ends the program quietly.
 pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
     err.chain().any(|cause| {
@@ -465,4 +482,23 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
             .downcast_ref::<std::io::Error>()
             .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_text;
+
+    #[test]
+    fn an_error_says_each_cause_once() {
+        let io = || std::io::Error::from(std::io::ErrorKind::NotFound);
+        // The message quotes its cause: the cause is not said again.
+        let quoted = anyhow::Error::new(io()).context(format!("cannot read notes.md: {}", io()));
+        assert_eq!(
+            error_text(&quoted),
+            format!("cannot read notes.md: {}", io())
+        );
+        // A message that does not: the cause follows it.
+        let plain = anyhow::anyhow!("disk full").context("cannot append");
+        assert_eq!(error_text(&plain), "cannot append: disk full");
+    }
 }
