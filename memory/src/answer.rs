@@ -3,6 +3,7 @@
 
 use chrono::NaiveDateTime;
 use memagent_agent::{AnswerReport, MemoryAgent, PASSAGE_ANSWER};
+use memagent_engine::words::sentences;
 use memagent_recall::dates;
 use memagent_recall::passages::{
     bearing_sentences, coverage, holds_any, names, rarest_words, relevant_notes, turn_speaker,
@@ -236,9 +237,11 @@ fn about_the_question(question: &str, texts: &[&str], said: &[Option<&str>]) -> 
 /// and the turns sharing the most of its other words are statements of someone else,
 /// the pair (who is asked about, who said it): the question takes what one person said
 /// of themselves for another's ("What did Ravi realise after his half marathon?"
-/// where Ana ran it). A turn asking something counts for the person asked about,
-/// who may answer it in the next turn. Names of speakers are not counted as shared
-/// words: every turn is addressed to one.
+/// where Ana ran it). Each sentence of a turn counts for the one it is about: a
+/// question ("How did your race go?") and a sentence about "you" without "I" ("That
+/// race sounds great, I'm proud of you" aside) for the one addressed, the other
+/// speaker of a two-person chat; the rest for the speaker. Names of speakers are not
+/// counted as shared words: every turn is addressed to one.
 fn said_by_another(question: &str, texts: &[&str]) -> Option<(String, String)> {
     let turns: Vec<(&str, &str)> = texts
         .iter()
@@ -273,14 +276,53 @@ fn said_by_another(question: &str, texts: &[&str]) -> Option<(String, String)> {
     let mut theirs = 0;
     let mut others: (usize, &str) = (0, "");
     for (speaker, body) in &turns {
-        let shared = coverage(body, &rest);
-        if speaker == asked || body.contains('?') {
-            theirs = theirs.max(shared);
-        } else if shared > others.0 {
-            others = (shared, speaker);
+        let addressed = match speakers.as_slice() {
+            [a, b] => Some(if a == speaker { *b } else { *a }),
+            _ => None,
+        };
+        // Each person's sentences of the turn, joined.
+        let mut about: Vec<(&str, String)> = Vec::new();
+        for sentence in sentences(body) {
+            let whose = match addresses(sentence) {
+                true => match addressed {
+                    Some(them) => them,
+                    None => continue,
+                },
+                false => *speaker,
+            };
+            match about.iter_mut().find(|(who, _)| *who == whose) {
+                Some((_, text)) => {
+                    text.push(' ');
+                    text.push_str(sentence);
+                }
+                None => about.push((whose, sentence.to_string())),
+            }
+        }
+        for (whose, text) in about {
+            let shared = coverage(&text, &rest);
+            if whose == *asked {
+                theirs = theirs.max(shared);
+            } else if shared > others.0 {
+                others = (shared, whose);
+            }
         }
     }
     (others.0 > theirs).then(|| (asked.to_string(), others.1.to_string()))
+}
+
+/// Whether a chat sentence is about the one it is addressed to: a question, or a
+/// statement about "you" that says nothing of "I".
+fn addresses(sentence: &str) -> bool {
+    let words: Vec<String> = sentence
+        .split(|c: char| !c.is_alphanumeric() && c != '\'' && c != '\u{2019}')
+        .map(|w| w.to_lowercase().replace('\u{2019}', "'"))
+        .collect();
+    let has = |list: &[&str]| words.iter().any(|w| list.contains(&w.as_str()));
+    let you = has(&[
+        "you", "your", "yours", "you're", "you've", "you'll", "you'd",
+    ]);
+    let me = has(&["i", "me", "my", "mine", "i'm", "i've", "i'll", "i'd"]);
+    sentence.trim_end().ends_with('?') || (you && !me)
 }
 
 /// What one question needs of the batch.
@@ -558,7 +600,7 @@ mod tests {
     fn what_one_speaker_said_of_themselves_is_not_mentioned_of_the_other() {
         let texts = [
             "[2023-05-25 13:14] user (Ravi): I ran a half marathon last Saturday.\n\
-             [2023-05-25 13:15] user (Ana): That's great, Ravi! How did it go?\n\
+             [2023-05-25 13:15] user (Ana): Your half marathon sounds amazing! How did it go?\n\
              [2023-05-25 13:16] user (Ravi): Thanks, Ana! I realised rest days matter.",
             "[2023-06-09 10:00] user (Ana): I gave a talk at a school last week.",
         ];
@@ -576,6 +618,10 @@ mod tests {
             said_by_another("What did Ravi and Ana realize after the race?", &texts),
             None
         );
+        // Ana's own words count for her: had she said she ran one, it is hers to answer.
+        let both = [texts[0].replace("Your half marathon sounds", "My half marathon was")];
+        let both: Vec<&str> = both.iter().map(String::as_str).collect();
+        assert_eq!(said_by_another(q, &both), None);
         // A question turn counts for the one asked: the answer may be theirs.
         let asked = [
             "[2023-05-25 13:15] user (Ana): How did your half marathon go, Ravi?\n\
