@@ -1,5 +1,5 @@
 //! Words of questions and texts as the loop and recall compare them: sentences, word
-//! keys (stop words aside, first six letters) and the names a question asks about.
+//! keys (stop words aside, stemmed, first six letters) and the names a question asks about.
 
 /// Words too common to tell sentences apart.
 const STOP_WORDS: &[&str] = &[
@@ -83,14 +83,28 @@ const STOP_WORDS: &[&str] = &[
     "s",
 ];
 
-/// A word's key for matching: lower case, its first six characters (so that "birthday"
-/// meets "birthdays"), stop words dropped.
-pub fn keys(text: &str) -> Vec<String> {
+/// The words of `text` as written, for matching: lower case, their first six
+/// characters ("birthday" meets "birthdays", "lives" does not meet "live"), stop words
+/// dropped.
+pub fn written_keys(text: &str) -> Vec<String> {
     text.split(|c: char| !c.is_alphanumeric())
         .filter(|w| !w.is_empty())
         .map(str::to_lowercase)
         .filter(|w| !STOP_WORDS.contains(&w.as_str()))
         .map(|w| w.chars().take(6).collect())
+        .collect()
+}
+
+/// A word's key for matching: lower case, Porter-stemmed, its first six characters (so
+/// that "camps" meets "camp", "started" meets "start" and "birthday" meets
+/// "birthdays"), stop words dropped.
+pub fn keys(text: &str) -> Vec<String> {
+    let stemmer = frostem::Stemmer::new(frostem::Algorithm::Porter);
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .filter(|w| !STOP_WORDS.contains(&w.as_str()))
+        .map(|w| stemmer.stem(&w).chars().take(6).collect())
         .collect()
 }
 
@@ -177,4 +191,21 @@ pub fn repeated_last_line(text: &str) -> Option<usize> {
         .split('\n')
         .any(|l| line_key(l) == key)
         .then_some(start)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_meet_other_forms_of_a_word() {
+        let turn = keys("I just started going to boot camps with my family");
+        for word in ["start", "camp", "families", "booted"] {
+            let key = keys(word);
+            assert!(turn.contains(&key[0]), "{word} → {key:?} not in {turn:?}");
+        }
+        assert!(keys("the and of what").is_empty(), "stop words are dropped");
+        assert_ne!(keys("camp"), keys("campaign"));
+        assert_eq!(written_keys("Ravi lives there"), ["ravi", "lives"]);
+    }
 }

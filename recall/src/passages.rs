@@ -8,7 +8,7 @@
 //! is cut provisionally, the same way as if its last line were complete, and cut again
 //! from its start when more text arrives.
 
-use memagent_engine::words::{keys, sentences};
+use memagent_engine::words::{keys, sentences, written_keys};
 pub use memagent_engine::words::{lowercase_names, mentions, names};
 
 /// A paragraph that ends (a blank line) closes its passage once it holds this many words.
@@ -247,11 +247,19 @@ pub fn bearing_sentences<'a>(passage: &'a str, question: &str) -> Vec<&'a str> {
     }
 }
 
-/// How many of the words `question` asks about (stop words aside, by their first six
-/// letters) `text` holds.
+/// How many of the words `question` asks about (stop words aside, by the first six
+/// letters of their stems) `text` holds.
 pub fn coverage(text: &str, question: &str) -> usize {
-    let have = keys(text);
-    let mut wanted = keys(question);
+    held(&keys(text), keys(question))
+}
+
+/// [`coverage`] by the words as written ([`written_keys`]): "lives" does not count for
+/// "live".
+pub fn written_coverage(text: &str, question: &str) -> usize {
+    held(&written_keys(text), written_keys(question))
+}
+
+fn held(have: &[String], mut wanted: Vec<String>) -> usize {
     wanted.sort_unstable();
     wanted.dedup();
     wanted.iter().filter(|k| have.contains(k)).count()
