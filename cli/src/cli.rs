@@ -719,6 +719,16 @@ pub struct DaemonRunArgs {
     /// [default: `daemon.rescan_seconds`, else 60]
     #[arg(long, value_name = "SECS")]
     pub rescan_seconds: Option<f64>,
+    /// Seconds a write through the API or the proxy may take before it is answered as
+    /// failed (not acknowledged) and the store reported degraded, as on a failing disk
+    /// [default: `daemon.write_timeout_seconds`, else 30]
+    #[arg(long, value_name = "SECS")]
+    pub write_timeout_seconds: Option<f64>,
+    /// Seconds the daemon takes at most to stop after SIGTERM or SIGINT, whatever the
+    /// store is doing; a second signal stops it at once [default:
+    /// `daemon.stop_timeout_seconds`, else 10]
+    #[arg(long, value_name = "SECS")]
+    pub stop_timeout_seconds: Option<f64>,
     /// Also serve the API on TCP: PORT (on 127.0.0.1) or HOST:PORT; requests need
     /// `Authorization: Bearer $MEMAGENT_API_TOKEN` [default: `daemon.listen`, off]
     #[arg(long, value_name = "ADDR")]

@@ -22,6 +22,9 @@ pub struct ConfigFile {
     pub model: Option<PathBuf>,
     /// Where streams and memories are stored.
     pub data_dir: Option<PathBuf>,
+    /// Megabytes kept free on the data directory's filesystem: a write that would leave
+    /// less is refused, and reads go on [default: 64].
+    pub reserve_mb: Option<f64>,
     /// The sentence embedder's folder (`none`: passages are searched by words alone).
     pub embedder: Option<String>,
     /// The model backend for the memory loop (`[backend]`); flags and environment
@@ -88,6 +91,11 @@ pub struct DaemonConfig {
     pub listen: Option<String>,
     /// The bearer token TCP requests must carry (required with `listen`).
     pub token: Option<String>,
+    /// Seconds a write through the API or the proxy may take before it is reported
+    /// as failed and the store as degraded [default: 30].
+    pub write_timeout_seconds: Option<f64>,
+    /// Seconds the daemon takes at most to stop after SIGTERM [default: 10].
+    pub stop_timeout_seconds: Option<f64>,
 }
 
 /// The configuration file's path: `--config` (or `MEMAGENT_CONFIG`), else
@@ -303,6 +311,27 @@ impl Settings {
              alone",
             looked.join(", ")
         )
+    }
+
+    /// Bytes kept free on the data directory's filesystem (see
+    /// [`memagent_store::Store::set_reserve`]): `MEMAGENT_RESERVE_MB`, then `reserve_mb`
+    /// in the config file, then [`memagent_store::DEFAULT_RESERVE`].
+    pub fn reserve(&self) -> Result<u64> {
+        let (mb, source) = match std::env::var("MEMAGENT_RESERVE_MB") {
+            Ok(v) if !v.is_empty() => (
+                v.parse::<f64>()
+                    .map_err(|_| anyhow::anyhow!("MEMAGENT_RESERVE_MB is not a number: {v:?}"))?,
+                "MEMAGENT_RESERVE_MB",
+            ),
+            _ => match self.config()?.reserve_mb {
+                Some(mb) => (mb, "reserve_mb in the configuration file"),
+                None => return Ok(memagent_store::DEFAULT_RESERVE),
+            },
+        };
+        if !(mb >= 0.0 && mb.is_finite()) {
+            bail!("{source} must be a number of megabytes, 0 or more (got {mb})");
+        }
+        Ok((mb * 1e6) as u64)
     }
 
     /// The data directory: `--data-dir`, then `MEMAGENT_DATA_DIR`, then the config file,

@@ -195,6 +195,8 @@ impl<'a> Ingestor<'a> {
                         .text
                 }
             };
+            // Refused before the model reads, when its commit would be.
+            self.store.make_room((text.len() + previous.len()) as u64)?;
             Ok(Some(Ready {
                 stream,
                 cursor,

@@ -33,12 +33,35 @@ pub enum Error {
     NoVersion { stream: String, version: u64 },
     #[error("invalid stream name `{0}`: use 1-128 characters, no control characters")]
     BadName(String),
+    #[error(
+        "no space to store {write} in {path}: {available} available, {reserve} kept free; \
+         nothing was stored. Free space on that filesystem (`memctl streams rm NAME` \
+         deletes a stream) or lower `reserve_mb` in the config file"
+    )]
+    NoSpace {
+        path: PathBuf,
+        available: String,
+        reserve: String,
+        write: String,
+    },
     #[error("import: {0}")]
     Import(String),
     #[error(transparent)]
     Schema(#[from] memagent_migrations::Error),
     #[error("database: {0}")]
-    Sled(#[from] sled::Error),
+    Disk(std::io::Error),
+    #[error("database: {0}")]
+    Sled(sled::Error),
+}
+
+impl From<sled::Error> for Error {
+    fn from(e: sled::Error) -> Self {
+        match e {
+            // "No space left on device (os error 28)", not sled's debug form.
+            sled::Error::Io(e) => Self::Disk(e),
+            e => Self::Sled(e),
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

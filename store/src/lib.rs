@@ -21,6 +21,7 @@
 mod codec;
 mod error;
 mod records;
+mod space;
 mod transfer;
 
 use std::fs::File;
@@ -39,6 +40,7 @@ pub use records::{
     Author, ChunkRecord, Cursor, FileRecord, MemoryVersion, QuestionRecord, SegmentRecord,
     SourceRecord, StandingAnswer, StreamRecord, GENERAL,
 };
+pub use space::{Space, DEFAULT_RESERVE};
 pub use transfer::{ExportRecord, EXPORT_FORMAT};
 
 /// What an append did.
@@ -67,6 +69,7 @@ pub struct Store {
     files: Tree,
     answers: Tree,
     segments: Tree,
+    space: space::Guard,
 }
 
 fn now() -> u64 {
@@ -99,6 +102,7 @@ impl Store {
             answers: db.open_tree("answers")?,
             segments: db.open_tree("segments")?,
             path: dir.to_path_buf(),
+            space: space::Guard::new(dir),
             _lock: lock,
             db,
         })
@@ -152,6 +156,27 @@ impl Store {
         Ok(self.db.size_on_disk()?)
     }
 
+    /// Free space on the data directory's filesystem against the reserve writes keep.
+    pub fn space(&self) -> Result<Space> {
+        self.space.measure()
+    }
+
+    /// Bytes of free space every write leaves on the data directory's filesystem
+    /// ([`DEFAULT_RESERVE`] unless set): a write that would leave less is refused with
+    /// [`Error::NoSpace`] before anything is written, so the database never meets a
+    /// full disk in the middle of a commit. Reads and [`Store::remove_stream`] are never
+    /// refused.
+    pub fn set_reserve(&self, bytes: u64) {
+        self.space.set_reserve(bytes);
+    }
+
+    /// Ok when a write of about `bytes` would leave the reserve free, else
+    /// [`Error::NoSpace`]: for work that ends in a write (a memory step) to be refused
+    /// before it starts.
+    pub fn make_room(&self, bytes: u64) -> Result<()> {
+        self.space.make_room(bytes)
+    }
+
     pub fn flush(&self) -> Result<()> {
         self.db.flush()?;
         Ok(())
@@ -188,6 +213,7 @@ impl Store {
         if let Some(s) = self.stream(name)? {
             return Ok(s);
         }
+        self.space.make_room(name.len() as u64)?;
         let record = StreamRecord {
             id: self.db.generate_id()? + 1,
             name: name.to_string(),
@@ -310,6 +336,8 @@ impl Store {
                 turns: turns.clone(),
             })
         });
+        self.space
+            .make_room(new.len() as u64 + segment.as_ref().map_or(0, |s| s.len() as u64))?;
         let outcome: std::result::Result<(), TransactionError<Error>> =
             (&self.streams, &self.log, &self.sources, &self.segments).transaction(
                 |(streams, log, sources, segments)| {
@@ -352,6 +380,8 @@ impl Store {
         let mut updated = record.clone();
         updated.log_len += text.len() as u64;
         let segment = encode(segment);
+        self.space
+            .make_room(text.len() as u64 + segment.len() as u64)?;
         let outcome: std::result::Result<(), TransactionError<Error>> =
             (&self.streams, &self.log, &self.files, &self.segments).transaction(
                 |(streams, log, files, segments)| {
@@ -474,6 +504,8 @@ impl Store {
         version: &MemoryVersion,
         cursor: &Cursor,
     ) -> Result<()> {
+        self.space
+            .make_room(version.text.len() as u64 + std::mem::size_of_val(chunk) as u64)?;
         let outcome: std::result::Result<(), TransactionError<Error>> =
             (&self.chunks, &self.versions, &self.cursors).transaction(
                 |(chunks, versions, cursors)| {
@@ -500,6 +532,7 @@ impl Store {
         chain: u64,
         mut version: MemoryVersion,
     ) -> Result<MemoryVersion> {
+        self.space.make_room(version.text.len() as u64)?;
         let mut cursor = self.cursor(stream, chain)?;
         version.version = cursor.version + 1;
         version.parent = (cursor.version > 0).then_some(cursor.version);
@@ -580,6 +613,7 @@ impl Store {
         if let Some(v) = self.questions.get(&key)? {
             return decode("questions", &key, &v);
         }
+        self.space.make_room(question.len() as u64)?;
         let chain = self.questions.scan_prefix(key1(stream.id)).count() as u64 + 1;
         let record = QuestionRecord {
             chain,
@@ -595,6 +629,7 @@ impl Store {
     pub fn add_answer(&self, stream: &StreamRecord, answer: &StandingAnswer) -> Result<()> {
         let chain = self.question_chain(stream, &answer.question)?.chain;
         let key = key3(stream.id, answer.version, chain);
+        self.space.make_room(answer.answer.len() as u64)?;
         self.answers.insert(key, encode(answer))?;
         self.db.flush()?;
         Ok(())

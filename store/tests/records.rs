@@ -194,3 +194,55 @@ fn exported_versions_keep_their_timings_bit_for_bit() {
         assert_eq!(back, record, "{line}");
     }
 }
+
+#[test]
+fn writes_that_would_eat_the_reserve_are_refused_and_reads_go_on() {
+    let dir = scratch("space");
+    let store = Store::open(&dir).unwrap();
+    store.append("notes", b"Ada prefers tea.\n", None).unwrap();
+    store.append("old", b"To be deleted.\n", None).unwrap();
+    let free = store.space().unwrap().available;
+    assert!(free > 0);
+    // A reserve above what the filesystem has left: every write is refused.
+    store.set_reserve(free + (1 << 30));
+    let refused = store
+        .append("notes", b"Ada moved to Oslo.\n", None)
+        .unwrap_err();
+    assert!(matches!(refused, Error::NoSpace { .. }), "{refused}");
+    let message = refused.to_string();
+    assert!(message.contains(dir.to_str().unwrap()), "{message}");
+    assert!(message.contains("kept free"), "{message}");
+    assert!(store.space().unwrap().refusing);
+    assert!(matches!(
+        store.create_stream("new").unwrap_err(),
+        Error::NoSpace { .. }
+    ));
+    let stream = store.require("notes").unwrap();
+    assert!(matches!(
+        store
+            .add_version(&stream, GENERAL, person_version("Ada: tea."))
+            .unwrap_err(),
+        Error::NoSpace { .. }
+    ));
+    // Nothing of the refused writes was stored; reads and removals go on.
+    assert_eq!(
+        store.read_log(&stream, 0, stream.log_len).unwrap(),
+        b"Ada prefers tea.\n"
+    );
+    assert!(store.stream("new").unwrap().is_none());
+    assert!(store.versions(&stream, GENERAL).unwrap().is_empty());
+    store.remove_stream("old").unwrap();
+    // Space back: writing resumes.
+    store.set_reserve(0);
+    store
+        .append("notes", b"Ada moved to Oslo.\n", None)
+        .unwrap();
+    assert!(!store.space().unwrap().refusing);
+    let stream = store.require("notes").unwrap();
+    assert_eq!(
+        store.read_log(&stream, 0, stream.log_len).unwrap(),
+        b"Ada prefers tea.\nAda moved to Oslo.\n"
+    );
+    drop(store);
+    let _ = std::fs::remove_dir_all(&dir);
+}

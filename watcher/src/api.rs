@@ -64,6 +64,8 @@ pub(crate) struct AppState {
     pub arrivals: tokio::sync::mpsc::UnboundedSender<Arrival>,
     /// The passage index (the indexer thread keeps it caught up).
     pub recall: Arc<Recall>,
+    /// How long a write may take before it is reported as failed.
+    pub write_timeout: std::time::Duration,
 }
 
 /// Bytes a request body may hold.
@@ -84,6 +86,7 @@ impl From<memagent_store::Error> for ApiError {
                 StatusCode::NOT_FOUND
             }
             memagent_store::Error::BadName(_) => StatusCode::BAD_REQUEST,
+            memagent_store::Error::NoSpace { .. } => StatusCode::INSUFFICIENT_STORAGE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Self(status, e.to_string())
@@ -110,9 +113,56 @@ fn engine_error(e: String) -> ApiError {
 
 type ApiResult<T = Json<Value>> = Result<T, ApiError>;
 
+/// Runs `call` (which uses the store) off the async workers, within the daemon's write
+/// deadline: a store that hangs (a write stuck on a full or failing disk) then holds up
+/// one blocking thread, never the workers that serve everything else. A call still
+/// running at the deadline is answered 503, not acknowledged, and the store reported
+/// degraded (`daemon status`) until a write finishes again.
+pub(crate) async fn store_call<T: Send + 'static>(
+    state: &AppState,
+    what: String,
+    call: impl FnOnce(&AppState) -> ApiResult<T> + Send + 'static,
+) -> ApiResult<T> {
+    let task = {
+        let state = state.clone();
+        tokio::task::spawn_blocking(move || call(&state))
+    };
+    match tokio::time::timeout(state.write_timeout, task).await {
+        Ok(Ok(done)) => done,
+        Ok(Err(e)) => Err(engine_error(e.to_string())),
+        Err(_) => {
+            let why = format!(
+                "{what} did not finish within {:.0} s",
+                state.write_timeout.as_secs_f64()
+            );
+            tracing::error!("store degraded: {why}");
+            state.stats.lock().expect("stats").degraded = Some(why.clone());
+            Err(ApiError(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "{why}; it is not acknowledged. The data directory's disk may be full \
+                     or failing: see `memctl daemon status`"
+                ),
+            ))
+        }
+    }
+}
+
+/// [`store_call`] for a write: one that finishes clears the degraded state.
+pub(crate) async fn write<T: Send + 'static>(
+    state: &AppState,
+    what: String,
+    write: impl FnOnce(&Store) -> memagent_store::Result<T> + Send + 'static,
+) -> ApiResult<T> {
+    let done = store_call(state, what, move |state| Ok(write(&state.store)?)).await?;
+    state.stats.lock().expect("stats").degraded = None;
+    Ok(done)
+}
+
 pub(crate) fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/status", get(status))
+        .route("/v1/ping", get(ping))
         .route("/v1/streams", get(streams).delete(remove_stream))
         .route("/v1/append", post(append))
         .route("/v1/memory", get(memory).post(add_memory))
@@ -226,8 +276,21 @@ pub fn stream_rows(store: &Store) -> memagent_store::Result<Vec<Value>> {
     Ok(rows)
 }
 
+/// The daemon's state; it answers even when the store does not (the streams are then
+/// left out and `store` says why).
 async fn status(State(state): State<AppState>) -> ApiResult {
-    let mut rows = stream_rows(&state.store)?;
+    let rows = store_call(&state, "reading the streams".into(), |state| {
+        Ok(stream_rows(&state.store)?)
+    })
+    .await;
+    Ok(Json(status_of(&state, rows)))
+}
+
+fn status_of(state: &AppState, rows: ApiResult<Vec<Value>>) -> Value {
+    let (mut rows, unread) = match rows {
+        Ok(rows) => (rows, None),
+        Err(ApiError(_, why)) => (Vec::new(), Some(why)),
+    };
     let stats = state.stats.lock().expect("stats");
     for row in &mut rows {
         let name = row["stream"].as_str().unwrap_or_default().to_string();
@@ -257,7 +320,18 @@ async fn status(State(state): State<AppState>) -> ApiResult {
         }
     }
     let (rss, peak_rss) = crate::stats::resident_memory();
-    Ok(Json(json!({
+    let space = state.store.space().ok();
+    let store_state = match (&stats.degraded, space, unread) {
+        (Some(why), _, _) => format!("degraded: {why}"),
+        (None, _, Some(why)) => format!("degraded: {why}"),
+        (None, Some(space), None) if space.refusing => {
+            "refusing writes: too little free space".into()
+        }
+        _ => "ok".into(),
+    };
+    json!({
+        "store": store_state,
+        "space": space,
         "daemon": *state.info,
         "uptime_seconds": stats.started.elapsed().as_secs_f64(),
         "files": stats.files,
@@ -266,11 +340,19 @@ async fn status(State(state): State<AppState>) -> ApiResult {
         "rss_bytes": rss,
         "peak_rss_bytes": peak_rss,
         "streams": rows,
-    })))
+    })
+}
+
+/// Whether the daemon answers, without touching the store.
+async fn ping(State(state): State<AppState>) -> Json<Value> {
+    Json(json!({"pid": state.info.pid, "version": state.info.version}))
 }
 
 async fn streams(State(state): State<AppState>) -> ApiResult {
-    Ok(Json(Value::Array(stream_rows(&state.store)?)))
+    store_call(&state, "listing the streams".into(), |state| {
+        Ok(Json(Value::Array(stream_rows(&state.store)?)))
+    })
+    .await
 }
 
 #[derive(Deserialize)]
@@ -283,8 +365,13 @@ struct StreamParam {
 }
 
 async fn remove_stream(State(state): State<AppState>, Query(p): Query<StreamParam>) -> ApiResult {
-    let id = state.store.require(&p.stream)?.id;
-    state.store.remove_stream(&p.stream)?;
+    let name = p.stream.clone();
+    let id = write(&state, format!("removing `{name}`"), move |store| {
+        let id = store.require(&name)?.id;
+        store.remove_stream(&name)?;
+        Ok(id)
+    })
+    .await?;
     state
         .recall
         .reset(Some(id))
@@ -305,22 +392,26 @@ struct AppendBody {
 }
 
 async fn append(State(state): State<AppState>, Json(body): Json<AppendBody>) -> ApiResult {
-    let appended = state.store.append_turns(
-        &body.stream,
-        body.text.as_bytes(),
-        body.source.as_deref(),
-        body.force,
-        body.turns,
-    )?;
+    let stream = body.stream.clone();
+    let appended = write(&state, format!("the append to `{stream}`"), move |store| {
+        store.append_turns(
+            &body.stream,
+            body.text.as_bytes(),
+            body.source.as_deref(),
+            body.force,
+            body.turns,
+        )
+    })
+    .await?;
     if appended.bytes > 0 {
         let _ = state.arrivals.send(Arrival {
-            stream: body.stream.clone(),
+            stream: stream.clone(),
             log_len: appended.log_len,
             at: std::time::Instant::now(),
         });
     }
     Ok(Json(json!({
-        "stream": body.stream,
+        "stream": stream,
         "appended_bytes": appended.bytes,
         "revision": appended.revision,
         "log_bytes": appended.log_len,
@@ -332,31 +423,38 @@ fn version_at(store: &Store, stream: &str, at: Option<u64>) -> ApiResult<MemoryV
 }
 
 async fn memory(State(state): State<AppState>, Query(p): Query<StreamParam>) -> ApiResult {
-    let v = version_at(&state.store, &p.stream, p.at)?;
-    let mut body = serde_json::to_value(&v).unwrap_or_default();
-    if p.sources {
-        let (store, recall) = (state.store.clone(), state.recall.clone());
-        let sources = tokio::task::spawn_blocking(move || {
-            let record = store.require(&p.stream)?;
-            memagent_memory::line_sources(&store, &recall, &record, &v)
-        })
-        .await
-        .map_err(|e| engine_error(e.to_string()))??;
-        body["sources"] = serde_json::to_value(sources).unwrap_or_default();
-    }
-    Ok(Json(body))
+    let what = format!("reading the memory of `{}`", p.stream);
+    store_call(&state, what, move |state| {
+        let v = version_at(&state.store, &p.stream, p.at)?;
+        let mut body = serde_json::to_value(&v).unwrap_or_default();
+        if p.sources {
+            let record = state.store.require(&p.stream)?;
+            let sources = memagent_memory::line_sources(&state.store, &state.recall, &record, &v)?;
+            body["sources"] = serde_json::to_value(sources).unwrap_or_default();
+        }
+        Ok(Json(body))
+    })
+    .await
 }
 
 async fn history(State(state): State<AppState>, Query(p): Query<StreamParam>) -> ApiResult {
-    let record = state.store.require(&p.stream)?;
-    let versions = state.store.versions(&record, GENERAL)?;
-    Ok(Json(serde_json::to_value(versions).unwrap_or_default()))
+    let what = format!("reading the history of `{}`", p.stream);
+    store_call(&state, what, move |state| {
+        let record = state.store.require(&p.stream)?;
+        let versions = state.store.versions(&record, GENERAL)?;
+        Ok(Json(serde_json::to_value(versions).unwrap_or_default()))
+    })
+    .await
 }
 
 async fn answers(State(state): State<AppState>, Query(p): Query<StreamParam>) -> ApiResult {
-    let record = state.store.require(&p.stream)?;
-    let answers = state.store.answers(&record)?;
-    Ok(Json(serde_json::to_value(answers).unwrap_or_default()))
+    let what = format!("reading the answers of `{}`", p.stream);
+    store_call(&state, what, move |state| {
+        let record = state.store.require(&p.stream)?;
+        let answers = state.store.answers(&record)?;
+        Ok(Json(serde_json::to_value(answers).unwrap_or_default()))
+    })
+    .await
 }
 
 #[derive(Deserialize)]
@@ -366,8 +464,12 @@ struct NewVersion {
 }
 
 async fn add_memory(State(state): State<AppState>, Json(body): Json<NewVersion>) -> ApiResult {
-    let record = state.store.require(&body.stream)?;
-    let v = state.store.add_version(&record, GENERAL, body.version)?;
+    let what = format!("the new memory version of `{}`", body.stream);
+    let v = write(&state, what, move |store| {
+        let record = store.require(&body.stream)?;
+        store.add_version(&record, GENERAL, body.version)
+    })
+    .await?;
     Ok(Json(serde_json::to_value(v).unwrap_or_default()))
 }
 
@@ -419,15 +521,12 @@ async fn query(State(state): State<AppState>, Json(body): Json<QueryBody>) -> Ap
         at: body.at,
         mode: Mode::from_flags(body.deep, body.memory_only, body.k, body.evidence_tokens),
     };
-    let (query, plan) = {
-        let (store, recall) = (state.store.clone(), state.recall.clone());
-        tokio::task::spawn_blocking(move || {
-            let plan = query.plan(&store, Some(&recall));
-            (query, plan)
-        })
-        .await
-        .map_err(|e| engine_error(e.to_string()))?
-    };
+    let what = format!("finding what `{}` holds for the question", body.stream);
+    let (query, plan) = store_call(&state, what, move |state| {
+        let plan = query.plan(&state.store, Some(&state.recall));
+        Ok((query, plan))
+    })
+    .await?;
     let answers: Vec<Answer> = state
         .engine
         .query(query, plan?)
@@ -473,14 +572,19 @@ async fn search(State(state): State<AppState>, Json(body): Json<SearchBody>) -> 
     if k == 0 || k > 1000 {
         return bad("`k` must be between 1 and 1000");
     }
-    let (store, recall, text) = (state.store.clone(), state.recall.clone(), body.text.clone());
-    let found = tokio::task::spawn_blocking(move || {
+    let text = body.text.clone();
+    let found = store_call(&state, "the search".into(), move |state| {
         let names: Option<Vec<&str>> = streams
             .as_ref()
             .map(|s| s.iter().map(String::as_str).collect());
-        memagent_memory::search(&store, &recall, names.as_deref(), &text, k)
+        Ok(memagent_memory::search(
+            &state.store,
+            &state.recall,
+            names.as_deref(),
+            &text,
+            k,
+        )?)
     })
-    .await
-    .map_err(|e| engine_error(e.to_string()))??;
+    .await?;
     Ok(Json(json!({"text": body.text, "passages": found})))
 }

@@ -201,6 +201,12 @@ pub struct DaemonOptions {
     pub tcp: Option<TcpOptions>,
     /// The OpenAI-compatible proxy that remembers, when configured.
     pub proxy: Option<ProxyOptions>,
+    /// A write to the store through the API or the proxy that has not finished after
+    /// this long is reported as failed (not acknowledged), and the store as degraded.
+    pub write_timeout: Duration,
+    /// After SIGTERM or SIGINT the daemon exits within this long, whatever the store is
+    /// doing; a second signal exits at once.
+    pub stop_timeout: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -231,6 +237,8 @@ impl Default for DaemonOptions {
             settle: Duration::from_millis(200),
             proxy: None,
             tcp: None,
+            write_timeout: Duration::from_secs(30),
+            stop_timeout: Duration::from_secs(10),
         }
     }
 }

@@ -15,6 +15,8 @@ pub enum Error {
     },
     #[error("cannot watch files: {0}")]
     Notify(#[from] notify::Error),
+    #[error("stopping: {0}")]
+    Stopping(String),
     #[error(transparent)]
     Store(#[from] memagent_store::Error),
 }

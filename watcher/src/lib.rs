@@ -75,7 +75,9 @@ enum Msg {
 }
 
 /// Runs the daemon until SIGTERM or SIGINT, then stops cleanly: the listeners close,
-/// the file thread ends, the socket is removed and the store is flushed. `recall` is the
+/// the file thread ends, the socket is removed and the store is flushed; within
+/// `options.stop_timeout` whatever the store is doing, else (or at a second signal) the
+/// process exits at once with status 1. `recall` is the
 /// passage index: an indexer thread catches it up at start and indexes each append as it
 /// arrives, apart from memory steps.
 pub fn run(
@@ -134,8 +136,10 @@ pub fn run(
         info: Arc::new(info),
         arrivals: arrivals_tx.clone(),
         recall: recall.clone(),
+        write_timeout: options.write_timeout,
     };
-    runtime.block_on(async move {
+    let data_dir = store.path().to_path_buf();
+    let result = runtime.block_on(async move {
         let forward = tokio::spawn(async move {
             while let Some(arrival) = appended_rx.recv().await {
                 let _ = index_tx.send(arrival.stream.clone());
@@ -170,26 +174,92 @@ pub fn run(
         let servers = listeners.serve(api::router(state), &options, &shutdown_rx);
         tracing::info!("listening on {}", socket.display());
 
-        wait_for_signal().await;
+        let mut signals = Signals::new();
+        signals.next().await;
         tracing::info!("stopping");
-        let _ = shutdown_tx.send(true);
-        let _ = file_tx.send(Msg::Stop);
-        for server in servers {
-            let _ = server.await;
+        let stop = async {
+            let _ = shutdown_tx.send(true);
+            let _ = file_tx.send(Msg::Stop);
+            for server in servers {
+                let _ = server.await;
+            }
+            // The step in flight, if any, is abandoned: its commit is atomic, so it is
+            // simply done again at the next start.
+            scheduler.abort();
+            let _ = tokio::task::spawn_blocking(move || file_thread.join()).await;
+            // The indexer ends when the last sender of appends is gone.
+            forward.abort();
+            let _ = forward.await;
+            // The index is derived from the log and caught up at the next start: a
+            // long catch-up (a big append) is not waited for past half the bound.
+            let indexed = tokio::task::spawn_blocking(move || indexer.join());
+            if tokio::time::timeout(options.stop_timeout / 2, indexed)
+                .await
+                .is_err()
+            {
+                tracing::info!("search index: still reading; it catches up at the next start");
+            }
+            let _ = std::fs::remove_file(&socket);
+            let flushed = tokio::task::spawn_blocking(move || store.flush()).await;
+            flushed.map_err(|e| Error::Stopping(e.to_string()))??;
+            Ok(())
+        };
+        // Whatever the store is doing (a write stuck on a full or failing disk), the
+        // daemon exits within the bound; what was acknowledged is already on disk.
+        let stopped = tokio::select! {
+            stopped = stop => stopped,
+            () = tokio::time::sleep(options.stop_timeout) => {
+                let _ = std::fs::remove_file(socket_path(&data_dir));
+                exit_now(&format!(
+                    "not stopped within {:.0} s",
+                    options.stop_timeout.as_secs_f64()
+                ))
+            }
+            () = signals.next() => {
+                let _ = std::fs::remove_file(socket_path(&data_dir));
+                exit_now("a second signal")
+            }
+        };
+        if stopped.is_ok() {
+            tracing::info!("stopped");
         }
-        // The step in flight, if any, is abandoned: its commit is atomic, so it is
-        // simply done again at the next start.
-        scheduler.abort();
-        let _ = tokio::task::spawn_blocking(move || file_thread.join()).await;
-        // The indexer ends when the last sender of appends is gone.
-        forward.abort();
-        let _ = forward.await;
-        let _ = tokio::task::spawn_blocking(move || indexer.join()).await;
-        let _ = std::fs::remove_file(&socket);
-        store.flush()?;
-        tracing::info!("stopped");
-        Ok(())
-    })
+        stopped
+    });
+    // Blocking threads still inside the store are not waited for.
+    runtime.shutdown_timeout(std::time::Duration::ZERO);
+    result
+}
+
+/// Ends the process at once, saying why; nothing unacknowledged was promised.
+fn exit_now(why: &str) -> ! {
+    tracing::error!(
+        "{why}: exiting now; every acknowledged write is on disk, anything in flight was \
+         not acknowledged"
+    );
+    std::process::exit(1)
+}
+
+/// SIGTERM and SIGINT, one after the other.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> Self {
+        use tokio::signal::unix::{signal, SignalKind};
+        Self {
+            term: signal(SignalKind::terminate()).expect("a SIGTERM handler"),
+            int: signal(SignalKind::interrupt()).expect("a SIGINT handler"),
+        }
+    }
+
+    async fn next(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => tracing::info!("SIGTERM received"),
+            _ = self.int.recv() => tracing::info!("SIGINT received"),
+        }
+    }
 }
 
 /// The daemon's listeners: the API's socket, the API on TCP and the proxy, as configured.
@@ -352,16 +422,6 @@ fn bind_socket(path: &std::path::Path) -> Result<tokio::net::UnixListener> {
         }
     })?;
     Ok(listener)
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("a SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("a SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = int.recv() => tracing::info!("SIGINT received"),
-    }
 }
 
 /// The file thread: registers the watches with notify, reconciles at start, then reads

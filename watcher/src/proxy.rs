@@ -506,9 +506,13 @@ impl Job {
             Ok(completion) => completion,
             Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e),
         };
-        self.remember(&completion.text);
         let streaming = request["stream"].as_bool().unwrap_or(false);
-        local_reply(&self.state.model, &completion, streaming)
+        let reply = local_reply(&self.state.model, &completion, streaming);
+        // The reply goes back whether or not the store takes the turn (a full disk, a
+        // store that hangs): `remember` says when it does not.
+        let text = completion.text;
+        tokio::task::spawn_blocking(move || self.remember(&text));
+        reply
     }
 }
 

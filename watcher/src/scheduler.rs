@@ -108,28 +108,37 @@ impl Scheduler {
                 return;
             }
         };
-        let stored = self.store.require(stream).and_then(|record| {
+        let (store, name, asked, version) = (
+            self.store.clone(),
+            stream.to_string(),
+            questions.clone(),
+            memory.version,
+        );
+        let stored = tokio::task::spawn_blocking(move || {
+            let record = store.require(&name)?;
             let created = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs());
-            for (question, report) in questions.iter().zip(reports) {
+            for (question, report) in asked.into_iter().zip(reports) {
                 let answer = StandingAnswer {
-                    question: question.clone(),
-                    version: memory.version,
+                    question,
+                    version,
                     answer: report.reply,
                     created,
                     seconds: report.seconds,
                 };
-                self.store.add_answer(&record, &answer)?;
+                store.add_answer(&record, &answer)?;
             }
-            Ok(())
-        });
+            Ok::<(), memagent_store::Error>(())
+        })
+        .await;
         match stored {
-            Ok(()) => tracing::info!(
+            Ok(Ok(())) => tracing::info!(
                 "{stream}: {} standing question(s) answered from memory v{}",
                 questions.len(),
                 memory.version
             ),
+            Ok(Err(e)) => tracing::error!("{stream}: standing answers not stored: {e}"),
             Err(e) => tracing::error!("{stream}: standing answers not stored: {e}"),
         }
     }
@@ -153,8 +162,15 @@ impl Scheduler {
             if *shutdown.borrow() {
                 return;
             }
-            let pending = match self.pending_streams() {
-                Ok(pending) => pending,
+            // Off the workers: a store stuck on a failing disk holds up the scheduler
+            // alone, never the API.
+            let store = self.store.clone();
+            let pending = match tokio::task::spawn_blocking(move || pending_streams(&store)).await {
+                Ok(Ok(pending)) => pending,
+                Ok(Err(e)) => {
+                    tracing::error!("cannot list the streams: {e}");
+                    Vec::new()
+                }
                 Err(e) => {
                     tracing::error!("cannot list the streams: {e}");
                     Vec::new()
@@ -241,17 +257,17 @@ impl Scheduler {
             .arrived(&arrival.stream, arrival.log_len, arrival.at);
         last_arrival.insert(arrival.stream, arrival.at);
     }
+}
 
-    /// Streams with content their general memory has not read, by name.
-    fn pending_streams(&self) -> memagent_store::Result<Vec<String>> {
-        let mut out = Vec::new();
-        for stream in self.store.streams()? {
-            if self.store.cursor(&stream, GENERAL)?.offset < stream.log_len {
-                out.push(stream.name);
-            }
+/// Streams with content their general memory has not read, by name.
+fn pending_streams(store: &Store) -> memagent_store::Result<Vec<String>> {
+    let mut out = Vec::new();
+    for stream in store.streams()? {
+        if store.cursor(&stream, GENERAL)?.offset < stream.log_len {
+            out.push(stream.name);
         }
-        Ok(out)
     }
+    Ok(out)
 }
 
 /// The order in which `pending` streams (by name) are offered to the engine, which steps

@@ -65,6 +65,9 @@ pub(crate) struct Stats {
     /// The stream the engine is reading now.
     pub busy: Option<String>,
     pub scans: u64,
+    /// Why the store is degraded: a write that did not finish within the deadline.
+    /// Cleared by the next write that finishes.
+    pub degraded: Option<String>,
 }
 
 impl Default for Stats {
@@ -75,6 +78,7 @@ impl Default for Stats {
             files: 0,
             busy: None,
             scans: 0,
+            degraded: None,
         }
     }
 }

@@ -27,7 +27,7 @@ impl DaemonClient {
             .build()
             .ok()?;
         let client = Self { socket, runtime };
-        client.get("/v1/status").ok()?;
+        client.get("/v1/ping").ok()?;
         Some(client)
     }
 

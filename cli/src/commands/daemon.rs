@@ -43,6 +43,18 @@ pub fn run(global: &Settings, args: &DaemonRunArgs) -> Result<()> {
         60.0,
         "rescan-seconds",
     )?;
+    let write_timeout = seconds(
+        args.write_timeout_seconds,
+        config.daemon.write_timeout_seconds,
+        30.0,
+        "write-timeout-seconds",
+    )?;
+    let stop_timeout = seconds(
+        args.stop_timeout_seconds,
+        config.daemon.stop_timeout_seconds,
+        10.0,
+        "stop-timeout-seconds",
+    )?;
     let tcp = tcp_options(args, &config)?;
     let proxy = proxy_options(&config)?;
     if config.watch.is_empty() {
@@ -52,6 +64,7 @@ pub fn run(global: &Settings, args: &DaemonRunArgs) -> Result<()> {
         );
     }
     let store = Arc::new(Store::open(&dir)?);
+    store.set_reserve(global.reserve()?);
     // The indexer thread catches the index up once the daemon runs.
     let recall = Arc::new(super::recall::open_recall_only(global, &store)?);
 
@@ -82,6 +95,8 @@ pub fn run(global: &Settings, args: &DaemonRunArgs) -> Result<()> {
         rescan,
         tcp,
         proxy,
+        write_timeout,
+        stop_timeout,
         ..DaemonOptions::default()
     };
     memagent_watcher::run(store, recall, engine, info, options)?;
@@ -222,6 +237,18 @@ pub fn status(global: &Settings, json: bool) -> Result<()> {
             None => String::new(),
         }
     )?;
+    let space = &status["space"];
+    if let (Some(available), Some(reserve)) =
+        (space["available"].as_u64(), space["reserve"].as_u64())
+    {
+        writeln!(
+            out,
+            "store {}: {:.1} MB free on its filesystem, {:.1} MB kept free",
+            status["store"].as_str().unwrap_or("?"),
+            available as f64 / 1e6,
+            reserve as f64 / 1e6
+        )?;
+    }
     writeln!(
         out,
         "{:<24} {:>10} {:>10} {:>8} {:>8} {:>9} {:>9} {:>8} {:>10}",

@@ -18,7 +18,10 @@ impl Db {
         let dir = global.data_dir()?;
         tracing::debug!("data directory {}", dir.display());
         match Store::open(&dir) {
-            Ok(store) => Ok(Self::Local(store)),
+            Ok(store) => {
+                store.set_reserve(global.reserve()?);
+                Ok(Self::Local(store))
+            }
             Err(e @ memagent_store::Error::InUse { .. }) => match DaemonClient::connect(&dir) {
                 Some(client) => {
                     tracing::debug!(

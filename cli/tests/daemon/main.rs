@@ -9,6 +9,7 @@ mod chat;
 #[path = "../support/clients.rs"]
 mod clients;
 mod crash;
+mod full_disk;
 mod mcp;
 mod proxy;
 mod query;
