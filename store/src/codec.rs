@@ -71,8 +71,19 @@ pub fn key3(a: u64, b: u64, c: u64) -> [u8; 24] {
     k
 }
 
-/// The last 8 bytes of a key as a big-endian number.
-pub fn last_u64(key: &[u8]) -> u64 {
-    let tail: [u8; 8] = key[key.len() - 8..].try_into().expect("8-byte key tail");
-    u64::from_be_bytes(tail)
+/// The `N` big-endian numbers of a key of `tree`, or an error naming the key when it is
+/// not `N` numbers long.
+pub fn key_parts<const N: usize>(tree: &'static str, key: &[u8]) -> Result<[u64; N]> {
+    if key.len() != 8 * N {
+        return Err(Error::Corrupt {
+            tree,
+            key: show_key(key),
+            reason: format!("a key of {} bytes, expected {}", key.len(), 8 * N),
+        });
+    }
+    let mut out = [0u64; N];
+    for (n, part) in out.iter_mut().zip(key.chunks_exact(8)) {
+        *n = u64::from_be_bytes(part.try_into().expect("8 bytes"));
+    }
+    Ok(out)
 }

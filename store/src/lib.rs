@@ -34,7 +34,7 @@ use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::{Transactional, Tree};
 
 pub use codec::show_key;
-use codec::{decode, encode, key1, key2, key3, last_u64};
+use codec::{decode, encode, key1, key2, key3, key_parts};
 pub use error::{Error, Result};
 pub use records::{
     Author, ChunkRecord, Cursor, FileRecord, MemoryVersion, QuestionRecord, SegmentRecord,
@@ -423,7 +423,8 @@ impl Store {
             return Ok(None);
         };
         let (key, value) = item?;
-        Ok(Some((last_u64(&key), decode("segments", &key, &value)?)))
+        let [_, at] = key_parts("segments", &key)?;
+        Ok(Some((at, decode("segments", &key, &value)?)))
     }
 
     /// Every watched file the database knows, by path.
@@ -449,7 +450,7 @@ impl Store {
         };
         for item in self.log.range(start..key2(stream.id, to).to_vec()) {
             let (key, value) = item?;
-            let at = last_u64(&key);
+            let [_, at] = key_parts("log", &key)?;
             let body = match value.split_first() {
                 Some((&codec::FORMAT, body)) => body,
                 Some((&v, _)) => {

@@ -1,15 +1,19 @@
 //! Export and import of a stream as JSON Lines (format in `docs/storage.md`): one
-//! record per line, the stream first, then its log, sources, chunks, memory versions
-//! and cursors.
+//! record per line, the stream first, then its log, where each piece of it came from,
+//! sources, chunks, memory versions, cursors, standing questions and their answers:
+//! everything the stream has.
 
 use serde::{Deserialize, Serialize};
 
-use crate::codec::{decode, encode, key1, key2, key3, last_u64};
-use crate::records::{ChunkRecord, Cursor, MemoryVersion, SourceRecord};
+use crate::codec::{decode, encode, key1, key2, key3, key_parts};
+use crate::records::{
+    ChunkRecord, Cursor, MemoryVersion, QuestionRecord, SegmentRecord, SourceRecord, StandingAnswer,
+};
 use crate::{Error, Result, Store, StreamRecord};
 
-/// Version of the export format, in the first line.
-pub const EXPORT_FORMAT: u32 = 1;
+/// Version of the export format, in the first line. Format 2 added the provenance of
+/// log pieces (`segment`), standing questions and their answers; format 1 still imports.
+pub const EXPORT_FORMAT: u32 = 2;
 
 /// One line of an export.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -37,6 +41,16 @@ pub enum ExportRecord {
         #[serde(flatten)]
         cursor: Cursor,
     },
+    /// Where the log piece at `offset` came from (a file's lines, a chat log's turns).
+    Segment {
+        offset: u64,
+        #[serde(flatten)]
+        segment: SegmentRecord,
+    },
+    /// A standing question and the memory chain that reads for it.
+    Question(QuestionRecord),
+    /// A standing question's answer from one memory version.
+    Answer(StandingAnswer),
 }
 
 impl Store {
@@ -51,7 +65,7 @@ impl Store {
         }];
         for item in self.log.scan_prefix(prefix) {
             let (key, value) = item?;
-            let offset = last_u64(&key);
+            let [_, offset] = key_parts("log", &key)?;
             let bytes = self.read_log(&stream, offset, offset + value.len() as u64 - 1)?;
             let text = String::from_utf8(bytes).map_err(|e| Error::Corrupt {
                 tree: "log",
@@ -69,7 +83,7 @@ impl Store {
         }
         for item in self.versions.scan_prefix(prefix) {
             let (k, v) = item?;
-            let chain = u64::from_be_bytes(k[8..16].try_into().expect("versions key"));
+            let [_, chain, _] = key_parts("versions", &k)?;
             out.push(ExportRecord::Version {
                 chain,
                 version: decode("versions", &k, &v)?,
@@ -78,9 +92,22 @@ impl Store {
         for item in self.cursors.scan_prefix(prefix) {
             let (k, v) = item?;
             out.push(ExportRecord::Cursor {
-                chain: last_u64(&k),
+                chain: key_parts::<2>("cursors", &k)?[1],
                 cursor: decode("cursors", &k, &v)?,
             });
+        }
+        for item in self.segments.scan_prefix(prefix) {
+            let (k, v) = item?;
+            out.push(ExportRecord::Segment {
+                offset: key_parts::<2>("segments", &k)?[1],
+                segment: decode("segments", &k, &v)?,
+            });
+        }
+        for question in self.questions(&stream)? {
+            out.push(ExportRecord::Question(question));
+        }
+        for answer in self.answers(&stream)? {
+            out.push(ExportRecord::Answer(answer));
         }
         Ok(out)
     }
@@ -98,7 +125,7 @@ impl Store {
                 "the first line must be the stream record (\"type\": \"stream\")".to_string(),
             ));
         };
-        if *format != EXPORT_FORMAT {
+        if !(1..=EXPORT_FORMAT).contains(format) {
             return Err(Error::Import(format!(
                 "export format {format} is not supported (this memctl reads {EXPORT_FORMAT})"
             )));
@@ -158,6 +185,32 @@ impl Store {
                 ExportRecord::Cursor { chain, cursor } => {
                     self.cursors
                         .insert(key2(stream.id, *chain), encode(cursor))?;
+                }
+                ExportRecord::Segment { offset, segment } => {
+                    self.segments
+                        .insert(key2(stream.id, *offset), encode(segment))?;
+                }
+                ExportRecord::Question(question) => {
+                    self.questions.insert(
+                        crate::source_key(stream.id, &question.question),
+                        encode(question),
+                    )?;
+                }
+                ExportRecord::Answer(answer) => {
+                    // After its question, whose chain keys it.
+                    let Some(question) = records[..line - 2].iter().find_map(|r| match r {
+                        ExportRecord::Question(q) if q.question == answer.question => Some(q),
+                        _ => None,
+                    }) else {
+                        return Err(Error::Import(format!(
+                            "line {line}: an answer to a question not exported before it: {:?}",
+                            answer.question
+                        )));
+                    };
+                    self.answers.insert(
+                        key3(stream.id, answer.version, question.chain),
+                        encode(answer),
+                    )?;
                 }
             }
         }

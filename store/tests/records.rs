@@ -3,34 +3,16 @@
 
 use std::path::PathBuf;
 
-use memagent_store::{Author, Error, ExportRecord, MemoryVersion, Store, GENERAL};
+use memagent_store::{Error, ExportRecord, StandingAnswer, Store, GENERAL};
+
+mod support;
+
+use support::person_version;
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("memagent-store-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     dir
-}
-
-fn person_version(text: &str) -> MemoryVersion {
-    MemoryVersion {
-        version: 0,
-        parent: None,
-        text: text.to_string(),
-        tokens: 3,
-        chunk: None,
-        model: String::new(),
-        model_sha256: String::new(),
-        template_id: String::new(),
-        template_version: 0,
-        created: 0,
-        prompt_tokens: 0,
-        completion_tokens: 0,
-        seconds: 0.0,
-        cut: false,
-        author: Author::Person {
-            name: "ada".to_string(),
-        },
-    }
 }
 
 #[test]
@@ -100,20 +82,7 @@ fn corrupt_records_are_errors_that_name_the_key() {
     };
     store.raw_insert("versions", &version_key, &full).unwrap();
     let err = store.version(&s, GENERAL, 1).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::Corrupt {
-                tree: "versions",
-                ..
-            }
-        ),
-        "{err}"
-    );
-    assert!(
-        err.to_string().contains(&format!("versions/{}/0/1", s.id)),
-        "{err}"
-    );
+    assert_corrupt(&err, "versions", &format!("versions/{}/0/1", s.id));
 
     // Unknown format version.
     store
@@ -245,4 +214,96 @@ fn writes_that_would_eat_the_reserve_are_refused_and_reads_go_on() {
     );
     drop(store);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_export_carries_everything_a_stream_has_and_imports_the_same() {
+    let dir = scratch("export-all");
+    let store = Store::open(&dir).unwrap();
+    // A chat log's turns (with their provenance), a memory version, a standing answer.
+    let text = b"[2026-01-15 09:00] user (Ana): I moved to Porto.\n";
+    store
+        .append_turns("chat", text, Some("/logs/chat.jsonl"), false, vec![(0, 3)])
+        .unwrap();
+    let stream = store.require("chat").unwrap();
+    store
+        .add_version(&stream, GENERAL, person_version("Ana lives in Porto."))
+        .unwrap();
+    let answer = StandingAnswer {
+        question: "Where does Ana live?".to_string(),
+        version: 1,
+        answer: "Porto".to_string(),
+        created: 1_768_467_600,
+        seconds: 0.25,
+    };
+    store.add_answer(&stream, &answer).unwrap();
+
+    let records = store.export("chat").unwrap();
+    let lines: Vec<String> = records
+        .iter()
+        .map(|r| serde_json::to_string(r).unwrap())
+        .collect();
+    let back: Vec<ExportRecord> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let copy = store.import(&back, Some("copy")).unwrap();
+    assert_eq!(store.answers(&copy).unwrap(), [answer]);
+    assert_eq!(
+        store.questions(&copy).unwrap(),
+        store.questions(&stream).unwrap()
+    );
+    assert_eq!(
+        store.segment_at(&copy, 10).unwrap(),
+        store.segment_at(&stream, 10).unwrap()
+    );
+    assert!(store.segment_at(&copy, 10).unwrap().is_some());
+    // The copy exports the same lines but its name.
+    let again: Vec<String> = store
+        .export("copy")
+        .unwrap()
+        .iter()
+        .map(|r| serde_json::to_string(r).unwrap())
+        .collect();
+    assert_eq!(again[1..], lines[1..]);
+    // An answer whose question comes after it names its line.
+    let mut misplaced = back.clone();
+    let at = misplaced
+        .iter()
+        .position(|r| matches!(r, ExportRecord::Answer(_)))
+        .unwrap();
+    let answer = misplaced.remove(at);
+    misplaced.insert(1, answer);
+    let refused = store.import(&misplaced, Some("broken")).unwrap_err();
+    assert!(refused.to_string().contains("line 2"), "{refused}");
+    assert!(store.stream("broken").unwrap().is_none());
+    drop(store);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_key_of_the_wrong_length_is_an_error_naming_it() {
+    // Found by fuzzing (tests/fuzz.rs): an export read a version key's chain at bytes
+    // 8..16 of whatever key the tree held, and panicked on a short one.
+    let dir = scratch("short-key");
+    let store = Store::open(&dir).unwrap();
+    let s = store.append("notes", b"Ada prefers tea.\n", None).unwrap();
+    assert_eq!(s.log_len, 17);
+    let id = store.require("notes").unwrap().id;
+    store
+        .raw_insert("versions", &id.to_be_bytes(), &[1, 0])
+        .unwrap();
+    let err = store.export("notes").unwrap_err();
+    assert_corrupt(&err, "versions", "a key of 8 bytes, expected 24");
+    drop(store);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `err` is a corrupt record of `tree` whose message says `says`.
+fn assert_corrupt(err: &Error, tree: &str, says: &str) {
+    assert!(
+        matches!(err, Error::Corrupt { tree: t, .. } if *t == tree),
+        "{err}"
+    );
+    assert!(err.to_string().contains(says), "{err}");
 }
