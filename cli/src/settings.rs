@@ -442,4 +442,69 @@ mod tests {
         assert_eq!(s.data_dir().unwrap(), PathBuf::from("/d"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    /// A configuration file's lines, right and wrong: known keys with values of every
+    /// kind, unknown keys, tables, broken TOML.
+    fn config_text() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let key = prop::sample::select(vec![
+            "model",
+            "data_dir",
+            "embedder",
+            "reserve_mb",
+            "idle_seconds",
+            "rescan_seconds",
+            "listen",
+            "token",
+            "write_timeout_seconds",
+            "chunk_tokens",
+            "path",
+            "stream",
+            "format",
+            "include",
+            "ask",
+            "upstream",
+            "kind",
+            "unknown_key",
+        ]);
+        let value = prop_oneof![
+            Just("\"/tmp/x\"".to_string()),
+            Just("\"127.0.0.1:99999\"".to_string()),
+            Just("\"http://localhost:8000/v1\"".to_string()),
+            any::<i64>().prop_map(|n| n.to_string()),
+            any::<f64>().prop_map(|f| format!("{f:?}")),
+            Just("nan".to_string()),
+            Just("-inf".to_string()),
+            Just("[\"*.md\", 3]".to_string()),
+            Just("true".to_string()),
+            any::<String>().prop_map(|s| format!("{s:?}")),
+        ];
+        let line = prop_oneof![
+            (key, value).prop_map(|(k, v)| format!("{k} = {v}")),
+            prop::sample::select(vec![
+                "[daemon]",
+                "[profile]",
+                "[backend]",
+                "[proxy]",
+                "[[watch]]",
+                "[nope]",
+                "[[",
+            ])
+            .prop_map(str::to_string),
+            any::<String>(),
+        ];
+        prop::collection::vec(line, 0..12).prop_map(|lines| lines.join("\n"))
+    }
+
+    proptest::proptest! {
+        /// Fuzzing the configuration file: any text parses, or the error names the file.
+        /// 256 cases by default; `PROPTEST_CASES=100000` for a longer run.
+        #[test]
+        fn any_configuration_text_parses_or_names_the_file(text in config_text()) {
+            let path = Path::new("/etc/memagent/config.toml");
+            if let Err(e) = ConfigFile::parse(&text, path) {
+                proptest::prop_assert!(format!("{e:#}").contains("config.toml"), "{e:#}");
+            }
+        }
+    }
 }

@@ -10,6 +10,7 @@ mod chat;
 mod clients;
 mod crash;
 mod full_disk;
+mod fuzz_api;
 mod mcp;
 mod proxy;
 mod query;
