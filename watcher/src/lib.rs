@@ -208,17 +208,11 @@ pub fn run(
         // daemon exits within the bound; what was acknowledged is already on disk.
         let stopped = tokio::select! {
             stopped = stop => stopped,
-            () = tokio::time::sleep(options.stop_timeout) => {
-                let _ = std::fs::remove_file(socket_path(&data_dir));
-                exit_now(&format!(
-                    "not stopped within {:.0} s",
-                    options.stop_timeout.as_secs_f64()
-                ))
-            }
-            () = signals.next() => {
-                let _ = std::fs::remove_file(socket_path(&data_dir));
-                exit_now("a second signal")
-            }
+            () = tokio::time::sleep(options.stop_timeout) => exit_now(
+                &data_dir,
+                &format!("not stopped within {:.0} s", options.stop_timeout.as_secs_f64()),
+            ),
+            () = signals.next() => exit_now(&data_dir, "a second signal"),
         };
         if stopped.is_ok() {
             tracing::info!("stopped");
@@ -230,8 +224,10 @@ pub fn run(
     result
 }
 
-/// Ends the process at once, saying why; nothing unacknowledged was promised.
-fn exit_now(why: &str) -> ! {
+/// Ends the process at once, saying why, after removing the socket of `data_dir`;
+/// nothing unacknowledged was promised.
+fn exit_now(data_dir: &std::path::Path, why: &str) -> ! {
+    let _ = std::fs::remove_file(socket_path(data_dir));
     tracing::error!(
         "{why}: exiting now; every acknowledged write is on disk, anything in flight was \
          not acknowledged"
