@@ -2,9 +2,10 @@
 //! once the passage holds [`TURN_SHARE_WORDS`]), or a window of a paragraph of about
 //! 60–160 words, long paragraphs in windows that overlap by [`OVERLAP_WORDS`].
 //!
-//! Passages close only inside complete lines, from the text before each boundary, so
-//! cutting a log piece by piece as it grows gives the same passages as cutting it
-//! whole: the closed passages are final; what follows the last of them (the open tail)
+//! Passages close from the text before each boundary only (inside complete lines, and
+//! inside a line still being written where its end cannot change them), so cutting a
+//! log piece by piece as it grows gives the same passages as cutting it whole: the
+//! closed passages are final; what follows the last of them (the open tail)
 //! is cut provisionally, the same way as if its last line were complete, and cut again
 //! from its start when more text arrives.
 
@@ -127,56 +128,102 @@ pub fn cut(text: &str) -> Cut {
 
 /// The passages closed inside complete lines (with `last_complete`, the last line
 /// counts as complete), and where the unclosed rest starts.
+///
+/// A line still being written closes passages too, at [`MAX_WORDS`], once it is known
+/// whether it starts a turn, up to its last word that is followed by more text: those
+/// closings are the ones the complete line will make, so a long line without a break
+/// (a log that never ends its line, a pasted document) is indexed as it grows, a window
+/// at a time, instead of being read again from its start on every append.
 fn cut_lines(text: &str, last_complete: bool) -> (Vec<Span>, usize) {
-    let mut closed = Vec::new();
-    let mut start = 0usize;
-    // Start offsets of the words of the passage being built.
-    let mut word_starts: Vec<usize> = Vec::new();
+    let mut cutter = Cutter::default();
     let mut line_start = 0usize;
     while line_start < text.len() {
         let line_end = text[line_start..]
             .find('\n')
             .map_or(text.len(), |i| line_start + i + 1);
-        let complete = last_complete || text.as_bytes()[line_end - 1] == b'\n';
-        if !complete {
-            break;
-        }
         let line = &text[line_start..line_end];
-        if line_start > start && word_starts.len() >= TURN_SHARE_WORDS && is_turn(line) {
-            closed.push(Span {
-                start,
-                end: line_start,
-            });
-            start = line_start;
-            word_starts.clear();
-        }
-        for (ws, we) in words(line) {
-            let (ws, we) = (line_start + ws, line_start + we);
-            word_starts.push(ws);
-            if word_starts.len() >= MAX_WORDS {
-                closed.push(Span { start, end: we });
-                let keep = word_starts.len() - OVERLAP_WORDS;
-                word_starts.drain(..keep);
-                start = word_starts[0];
+        if last_complete || line.ends_with('\n') {
+            cutter.line(line_start, line, is_turn(line), true);
+        } else {
+            if let Some(turn) = starts_a_turn(line) {
+                cutter.line(line_start, line, turn, false);
             }
-        }
-        if line.trim().is_empty() && word_starts.len() >= MIN_WORDS {
-            closed.push(Span {
-                start,
-                end: line_end,
-            });
-            start = line_end;
-            word_starts.clear();
+            break;
         }
         line_start = line_end;
     }
-    // Nothing but whitespace after the last passage: the tail starts at the end.
-    let rest = if text[start..].trim().is_empty() {
+    let Cutter { closed, start, .. } = cutter;
+    // Cutting the open tail (the text taken as complete), nothing but whitespace after
+    // the last passage makes no passage: the rest starts at the end. Cutting for the
+    // closed passages, the tail stays where the next passage starts, whitespace and all,
+    // as it does when the text is cut whole.
+    let rest = if last_complete && text[start..].trim().is_empty() {
         text.len()
     } else {
         start
     };
     (closed, rest)
+}
+
+/// Passages being cut, line by line.
+#[derive(Default)]
+struct Cutter {
+    closed: Vec<Span>,
+    /// Where the passage being built starts.
+    start: usize,
+    /// Start offsets of its words.
+    word_starts: Vec<usize>,
+}
+
+impl Cutter {
+    /// Takes `line` (at `line_start`), a turn or not; an incomplete line's last word,
+    /// which may still grow, is left for later.
+    fn line(&mut self, line_start: usize, line: &str, turn: bool, complete: bool) {
+        if line_start > self.start && self.word_starts.len() >= TURN_SHARE_WORDS && turn {
+            self.closed.push(Span {
+                start: self.start,
+                end: line_start,
+            });
+            self.start = line_start;
+            self.word_starts.clear();
+        }
+        for (ws, we) in words(line) {
+            if !complete && we == line.len() {
+                break;
+            }
+            let (ws, we) = (line_start + ws, line_start + we);
+            self.word_starts.push(ws);
+            if self.word_starts.len() >= MAX_WORDS {
+                self.closed.push(Span {
+                    start: self.start,
+                    end: we,
+                });
+                let keep = self.word_starts.len() - OVERLAP_WORDS;
+                self.word_starts.drain(..keep);
+                self.start = self.word_starts[0];
+            }
+        }
+        if complete && line.trim().is_empty() && self.word_starts.len() >= MIN_WORDS {
+            self.closed.push(Span {
+                start: self.start,
+                end: line_start + line.len(),
+            });
+            self.start = line_start + line.len();
+            self.word_starts.clear();
+        }
+    }
+}
+
+/// Whether a line still being written starts a chat turn, once its start says so
+/// for good: the time's bracket closed and as many bytes after it as the longest role
+/// with its separator ("assistant: "); `None` before.
+fn starts_a_turn(line: &str) -> Option<bool> {
+    const LONGEST_ROLE: usize = "developer (".len();
+    let rest = match line.strip_prefix('[') {
+        Some(r) => &r[r.find("] ")? + 2..],
+        None => line,
+    };
+    (rest.len() >= LONGEST_ROLE).then(|| is_turn(line))
 }
 
 /// Whether `passage` shares a word (stop words aside) with `question`.
@@ -438,7 +485,13 @@ mod tests {
                 text.push_str(&format!("\n{}\n\n", words_n(i * 13 % 300, "p")));
             }
         }
+        // A long line without a break, then a turn still being written.
+        text.push_str(&words_n(700, "w"));
         text.push_str(&"z".repeat(1000));
+        text.push_str(&format!(
+            "\n[2026-11-27 10:00] user (Ada): {}",
+            words_n(400, "q")
+        ));
         let whole = cut(&text);
         let shift = |spans: &[Span], by: usize| -> Vec<Span> {
             spans
@@ -467,6 +520,26 @@ mod tests {
             assert_eq!(spans, whole.closed, "step {step}");
             assert_eq!(open, whole.open, "step {step}");
         }
+    }
+
+    #[test]
+    fn a_line_still_being_written_closes_passages_as_it_grows() {
+        for start in [
+            "",
+            "user: ",
+            "[2026-11-27 10:00] user (Ada): ",
+            "[no bracket ",
+        ] {
+            let text = format!("{start}{}", words_n(1000, "w"));
+            let c = cut(&text);
+            let closes = !start.starts_with("[no");
+            assert_eq!(c.closed.len() >= 5, closes, "{start:?}: {:?}", c.closed);
+            assert_eq!(c.tail > 0, closes, "{start:?}");
+        }
+        // The last word may still grow: no passage ends at it.
+        let text = words_n(MAX_WORDS, "w");
+        assert!(cut(&text).closed.is_empty());
+        assert_eq!(cut(&format!("{text} ")).closed.len(), 1);
     }
 
     #[test]
@@ -536,11 +609,12 @@ mod tests {
             }
         );
         assert!(cut("\n\n  \n").open.is_empty());
-        // A megabyte without a newline: no final passage yet, provisional windows.
+        // A megabyte without a newline: passages close as it is written (but at its last
+        // word, which may grow), the rest provisional.
         let text = "é".repeat(500_000);
         let c = cut(&text);
-        assert!(c.closed.is_empty());
-        assert!(c.open.len() > 100);
+        assert!(c.closed.len() > 100);
+        assert!(!c.open.is_empty());
         let all = c.closed.iter().chain(c.open.iter());
         assert!(all
             .clone()

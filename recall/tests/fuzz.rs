@@ -10,6 +10,11 @@ use proptest::prelude::*;
 
 /// Text shaped like what recall meets, with arbitrary Unicode in between.
 fn chat_text() -> impl Strategy<Value = String> {
+    chat_pieces(80)
+}
+
+/// Up to `most` pieces of chat-shaped text joined by spaces.
+fn chat_pieces(most: usize) -> impl Strategy<Value = String> {
     let piece = prop_oneof![
         Just("[2023-05-08 13:56] user (Ana): ".to_string()),
         Just("[2023-13-45 99:99] ".to_string()),
@@ -52,7 +57,7 @@ fn chat_text() -> impl Strategy<Value = String> {
         any::<String>(),
         any::<char>().prop_map(String::from),
     ];
-    prop::collection::vec(piece, 0..80).prop_map(|pieces| pieces.join(" "))
+    prop::collection::vec(piece, 0..most).prop_map(|pieces| pieces.join(" "))
 }
 
 fn instant() -> impl Strategy<Value = NaiveDateTime> {
@@ -79,6 +84,32 @@ proptest! {
         for span in &cut.open {
             prop_assert!(span.start >= cut.tail, "{span:?} before the tail {}", cut.tail);
         }
+    }
+
+    #[test]
+    fn cutting_piece_by_piece_equals_cutting_whole(
+        text in chat_pieces(900),
+        steps in prop::collection::vec(1usize..600, 1..40),
+    ) {
+        let whole = passages::cut(&text);
+        let (mut closed, mut open, mut tail, mut len) = (Vec::new(), Vec::new(), 0, 0);
+        for step in steps.iter().cycle() {
+            if len == text.len() {
+                break;
+            }
+            len = (len + step).min(text.len());
+            while !text.is_char_boundary(len) {
+                len += 1;
+            }
+            let c = passages::cut(&text[tail..len]);
+            let shift = |s: &passages::Span| (s.start + tail, s.end + tail);
+            closed.extend(c.closed.iter().map(shift));
+            open = c.open.iter().map(shift).collect();
+            tail += c.tail;
+        }
+        let spans = |s: &[passages::Span]| s.iter().map(|s| (s.start, s.end)).collect::<Vec<_>>();
+        prop_assert_eq!(closed, spans(&whole.closed));
+        prop_assert_eq!(open, spans(&whole.open));
     }
 
     #[test]
