@@ -341,10 +341,10 @@ impl Store {
         let outcome: std::result::Result<(), TransactionError<Error>> =
             (&self.streams, &self.log, &self.sources, &self.segments).transaction(
                 |(streams, log, sources, segments)| {
-                    if !new.is_empty() {
+                    for (at, piece) in log_pieces(new) {
                         let mut value = vec![codec::FORMAT];
-                        value.extend_from_slice(new);
-                        log.insert(&key2(record.id, record.log_len), value)?;
+                        value.extend_from_slice(piece);
+                        log.insert(&key2(record.id, record.log_len + at), value)?;
                     }
                     if let Some(segment) = &segment {
                         segments.insert(&key2(record.id, record.log_len), segment.as_slice())?;
@@ -386,9 +386,11 @@ impl Store {
             (&self.streams, &self.log, &self.files, &self.segments).transaction(
                 |(streams, log, files, segments)| {
                     if !text.is_empty() {
-                        let mut value = vec![codec::FORMAT];
-                        value.extend_from_slice(text);
-                        log.insert(&key2(record.id, record.log_len), value)?;
+                        for (at, piece) in log_pieces(text) {
+                            let mut value = vec![codec::FORMAT];
+                            value.extend_from_slice(piece);
+                            log.insert(&key2(record.id, record.log_len + at), value)?;
+                        }
                         segments.insert(&key2(record.id, record.log_len), segment.as_slice())?;
                         streams.insert(file.stream.as_bytes(), encode(&updated))?;
                     }
@@ -705,4 +707,32 @@ fn transaction_result(outcome: std::result::Result<(), TransactionError<Error>>)
         Err(TransactionError::Abort(e)) => Err(e),
         Err(TransactionError::Storage(e)) => Err(e.into()),
     }
+}
+
+/// The most bytes one record of a content log holds: a longer append is stored as
+/// several records, so that reading a few bytes of it (a memory step's chunk, a window
+/// of the index) reads at most this much, whatever the append's size.
+pub const LOG_PIECE: usize = 1 << 20;
+
+/// `bytes` in pieces of at most [`LOG_PIECE`] bytes, each with its offset, cut before a
+/// character's first byte (a log is UTF-8, and each piece stays readable alone).
+fn log_pieces(bytes: &[u8]) -> impl Iterator<Item = (u64, &[u8])> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        if at >= bytes.len() {
+            return None;
+        }
+        let mut end = (at + LOG_PIECE).min(bytes.len());
+        // Back over continuation bytes (at most three in UTF-8) to a character's start.
+        let mut back = end;
+        while back < bytes.len() && back > at && end - back < 4 && bytes[back] & 0xC0 == 0x80 {
+            back -= 1;
+        }
+        if back < bytes.len() && back > at && bytes[back] & 0xC0 != 0x80 {
+            end = back;
+        }
+        let piece = (at as u64, &bytes[at..end]);
+        at = end;
+        Some(piece)
+    })
 }

@@ -307,3 +307,45 @@ fn assert_corrupt(err: &Error, tree: &str, says: &str) {
     );
     assert!(err.to_string().contains(says), "{err}");
 }
+
+#[test]
+fn a_long_append_is_stored_in_pieces_that_each_read_alone() {
+    let dir = scratch("pieces");
+    let store = Store::open(&dir).unwrap();
+    // Two and a half pieces of text without a line break, with characters of 1 to 4
+    // bytes so that the cuts fall inside them.
+    let unit = "ab é ✓ 𝒥 ";
+    let text = unit.repeat(memagent_store::LOG_PIECE * 5 / 2 / unit.len());
+    store.append("big", b"before\n", None).unwrap();
+    let appended = store.append("big", text.as_bytes(), None).unwrap();
+    assert_eq!(appended.bytes, text.len() as u64);
+    let stream = store.require("big").unwrap();
+    assert_eq!(stream.log_len, 7 + text.len() as u64);
+    let log = store.read_log(&stream, 0, stream.log_len).unwrap();
+    assert_eq!(&log[..7], b"before\n");
+    assert_eq!(&log[7..], text.as_bytes());
+    // Any range reads back, across the pieces' edges.
+    for (from, to) in [(5, 20), (1 << 20, (1 << 20) + 9), (7, stream.log_len)] {
+        assert_eq!(
+            store.read_log(&stream, from, to).unwrap(),
+            log[from as usize..to as usize]
+        );
+    }
+    let pieces: Vec<(u64, String)> = store
+        .export("big")
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r {
+            ExportRecord::Log { offset, text } => Some((offset, text)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(pieces.len(), 1 + 3, "the short append, then three pieces");
+    let mut at = 0;
+    for (offset, piece) in &pieces {
+        assert_eq!(*offset, at, "pieces are contiguous");
+        assert!(piece.len() <= memagent_store::LOG_PIECE);
+        at += piece.len() as u64;
+    }
+    assert_eq!(at, stream.log_len);
+}
