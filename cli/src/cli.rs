@@ -1078,6 +1078,59 @@ pub enum BenchCommand {
     /// difference), and the lag from a turn through the proxy to the memory version that
     /// holds it
     Proxy(BenchProxyArgs),
+    /// The daemon killed with SIGKILL at random moments and restarted, N times, while a
+    /// watched chat log grows by a line every 50 ms and the API and the proxy are used:
+    /// then every chat line is in its stream's log byte for byte, every acknowledged
+    /// append is stored, each memory chain is continuous and the passage index equals a
+    /// rebuild; restart-to-ready and memory-lag percentiles. Fails (exit 1) on any loss
+    #[command(after_help = "Example:\n  memctl bench soak --kills 100\n\n\
+        The proxy relays to a loopback server that echoes each request (a stand-in for a \
+        served model). Memory lag is the time from a chat line written to the first memory \
+        version that read it, restarts included.")]
+    Soak(BenchSoakArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchSoakArgs {
+    /// SIGKILLs, each followed by a restart
+    #[arg(long, default_value_t = 100)]
+    pub kills: usize,
+    /// Milliseconds between chat-log lines
+    #[arg(long, default_value_t = 50)]
+    pub interval_ms: u64,
+    /// The daemon runs a random time between these (milliseconds) after it is ready,
+    /// then is killed
+    #[arg(long, default_value_t = 1000)]
+    pub min_up_ms: u64,
+    #[arg(long, default_value_t = 4000)]
+    pub max_up_ms: u64,
+    /// Seed of the kill moments and the writes' cut points
+    #[arg(long, default_value_t = 20261127)]
+    pub seed: u64,
+    /// The daemon's idle interval (a partial chunk is read this long after the last
+    /// append)
+    #[arg(long, default_value_t = 0.5)]
+    pub idle_seconds: f64,
+    /// The daemon's chunk size [default: the model's profile]
+    #[arg(long)]
+    pub chunk_tokens: Option<usize>,
+    /// The daemon's memory size [default: the model's profile]
+    #[arg(long)]
+    pub memory_tokens: Option<usize>,
+    /// After the last restart, how long memory may take to read what is left (the log
+    /// and the index must be complete regardless)
+    #[arg(long, default_value_t = 600.0)]
+    pub drain_seconds: f64,
+    /// Where the data directory, chat log and daemon log go [default: a temporary
+    /// folder, removed after]
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Keep the folder after the run
+    #[arg(long)]
+    pub keep: bool,
+    /// Print results as JSON
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -167,26 +167,57 @@ impl Recall {
                 similarity,
             } = found;
             let doc: TantivyDocument = searcher.doc(address).map_err(|e| self.err(e))?;
-            let text_of = |f: Field| doc.get_first(f).and_then(|v| v.as_str()).map(String::from);
-            let u64_of = |f: Field| doc.get_first(f).and_then(|v| v.as_u64());
-            let text = text_of(self.f.text).unwrap_or_default();
             hits.push(Hit {
-                stream: text_of(self.f.stream).unwrap_or_default(),
-                stream_id: u64_of(self.f.stream_id).unwrap_or_default(),
-                start: u64_of(self.f.start).unwrap_or_default(),
-                end: u64_of(self.f.end).unwrap_or_default(),
-                dated: crate::dates::dated(&text),
-                text,
-                source: text_of(self.f.source),
-                line: u64_of(self.f.line),
-                time: text_of(self.f.time),
                 score,
                 bm25_rank,
                 vector_rank,
                 similarity,
+                ..self.hit(&doc)
             });
         }
         Ok(hits)
+    }
+
+    /// Every passage stored for a stream, by start: what a rebuild must reproduce (the
+    /// scores are left empty).
+    pub fn passages(&self, stream: u64) -> Result<Vec<Hit>> {
+        let searcher = self.reader.searcher();
+        let q = TermQuery::new(
+            Term::from_field_u64(self.f.stream_id, stream),
+            IndexRecordOption::Basic,
+        );
+        let addresses = searcher
+            .search(&q, &tantivy::collector::DocSetCollector)
+            .map_err(|e| self.err(e))?;
+        let mut hits = Vec::with_capacity(addresses.len());
+        for address in addresses {
+            let doc: TantivyDocument = searcher.doc(address).map_err(|e| self.err(e))?;
+            hits.push(self.hit(&doc));
+        }
+        hits.sort_by_key(|h| (h.start, h.end));
+        Ok(hits)
+    }
+
+    /// A stored passage as a hit without scores.
+    fn hit(&self, doc: &TantivyDocument) -> Hit {
+        let text_of = |f: Field| doc.get_first(f).and_then(|v| v.as_str()).map(String::from);
+        let u64_of = |f: Field| doc.get_first(f).and_then(|v| v.as_u64());
+        let text = text_of(self.f.text).unwrap_or_default();
+        Hit {
+            stream: text_of(self.f.stream).unwrap_or_default(),
+            stream_id: u64_of(self.f.stream_id).unwrap_or_default(),
+            start: u64_of(self.f.start).unwrap_or_default(),
+            end: u64_of(self.f.end).unwrap_or_default(),
+            dated: crate::dates::dated(&text),
+            text,
+            source: text_of(self.f.source),
+            line: u64_of(self.f.line),
+            time: text_of(self.f.time),
+            score: 0.0,
+            bm25_rank: None,
+            vector_rank: None,
+            similarity: None,
+        }
     }
 
     /// Where a document's passage lies: its stream and start.

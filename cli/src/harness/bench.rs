@@ -919,7 +919,7 @@ fn busy_lag(
 
 /// A loopback OpenAI-compatible server that answers every chat request at once, echoing
 /// its last message: its base URL, served while the runtime lives.
-fn echo_upstream() -> Result<(String, tokio::runtime::Runtime)> {
+pub(crate) fn echo_upstream() -> Result<(String, tokio::runtime::Runtime)> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -1063,7 +1063,7 @@ pub fn proxy(global: &Settings, args: &BenchProxyArgs) -> Result<()> {
 }
 
 /// The `p` quantile (0 to 1) of `values`, nearest rank; 0 when there are none.
-fn percentile(values: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(values: &[f64], p: f64) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     match sorted.len() {

@@ -8,6 +8,7 @@ mod qa;
 mod recall_bench;
 mod ruler;
 mod sessions;
+mod soak;
 mod train;
 mod train_sample;
 
@@ -28,6 +29,7 @@ pub fn bench(global: &Settings, command: BenchCommand) -> Result<()> {
         BenchCommand::Qa(args) => qa::run(global, &args),
         BenchCommand::Loop(args) => loop_bench::run(global, &args),
         BenchCommand::Proxy(args) => bench::proxy(global, &args),
+        BenchCommand::Soak(args) => soak::run(global, &args),
     }
 }
 

@@ -16,6 +16,7 @@ mod proxy;
 mod query;
 mod scheduling;
 mod search;
+mod soak;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
