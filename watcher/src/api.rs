@@ -21,7 +21,8 @@
 //! it asks for `memory_only` (the memory alone) or `deep`.
 //!
 //! Errors are `{"error": "…"}` with status 400, 404, 413, 415 or 500, including the
-//! framework's own rejections (malformed JSON, a missing field, a body over the limit).
+//! framework's own rejections (malformed JSON, a missing field, a body over the limit:
+//! 413 with `limit_bytes`, [`BODY_LIMIT`]).
 
 use std::sync::{Arc, Mutex};
 
@@ -225,6 +226,10 @@ pub(crate) async fn json_errors(response: Response) -> Response {
     } else {
         status
     };
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        let body = json!({ "error": message, "limit_bytes": BODY_LIMIT });
+        return (status, Json(body)).into_response();
+    }
     ApiError(status, message).into_response()
 }
 

@@ -152,6 +152,7 @@ fn appended_text_is_searchable_before_any_memory_step_and_errors_are_json() {
         reply["error"].as_str().unwrap().contains("limit"),
         "{reply}"
     );
+    assert_eq!(reply["limit_bytes"], 16 << 20, "{reply}");
     let (status, reply) = post(&daemon, "/v1/search", &json!({"text": "x"}));
     assert_eq!(status, 400);
     assert!(
