@@ -1287,7 +1287,8 @@ pub struct BenchQaArgs {
     pub every: u64,
     /// Answer modes: `evidence` (memory and passages, as `memctl query`), `memory` (the
     /// memory alone, `--memory-only`), `search` (no answer: the search alone, for its
-    /// evidence recall at 1, 5 and 10 passages)
+    /// evidence recall at 1, 5 and 10 passages), `direct` (the baseline: as much of the
+    /// conversation's end as fits the model's context, in one prompt)
     #[arg(long, value_delimiter = ',', default_value = "evidence")]
     pub modes: Vec<String>,
     /// Leave the general memory empty (skip the memory steps): passages alone

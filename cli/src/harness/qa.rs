@@ -122,8 +122,8 @@ pub fn run(global: &Settings, args: &BenchQaArgs) -> Result<()> {
         }
     }
     for mode in &args.modes {
-        if !matches!(mode.as_str(), "evidence" | "memory" | "search") {
-            bail!("unknown mode `{mode}` in --modes; expected evidence, memory or search");
+        if !matches!(mode.as_str(), "evidence" | "memory" | "search" | "direct") {
+            bail!("unknown mode `{mode}` in --modes; expected evidence, memory, search or direct");
         }
     }
     if args.no_memory && args.modes.iter().any(|m| m == "memory") {
@@ -340,6 +340,22 @@ impl Asking<'_> {
             return Ok(record);
         }
         let backend = self.backend.ok_or_else(|| anyhow!("no model"))?;
+        if mode == "direct" {
+            let stream = self.store.require(STREAM)?;
+            let log = self.store.read_log(&stream, 0, stream.log_len)?;
+            let text = String::from_utf8_lossy(&log);
+            let (start, report) =
+                backend.with_agent(|agent| direct_tail(agent, &text, &q.question))?;
+            record.seconds = started.elapsed().as_secs_f64();
+            record.model_calls = 1;
+            record.turns_read = self.layout.turns_in(start as u64, stream.log_len);
+            record.evidence_recall = recall_of(&record.evidence, &record.turns_read);
+            record.answer = report.answer.trim().to_string();
+            record.score = locomo_score(q, &record.answer);
+            record.all_words = holds_gold_words(q, &record.answer);
+            record.abstained = abstains(&record.answer) || says_not_mentioned(&record.answer);
+            return Ok(record);
+        }
         let query = Query {
             stream: STREAM.into(),
             questions: vec![q.question.clone()],
@@ -391,6 +407,28 @@ impl Asking<'_> {
         record.model_answer = answer.model_answer;
         record.abstained = abstains(&record.answer) || says_not_mentioned(&record.answer);
         Ok(record)
+    }
+}
+
+/// The direct baseline: as much of the conversation's end as fits the model's context,
+/// from a turn's start, in one prompt with the question. Returns where the text read
+/// starts, and the answer.
+fn direct_tail(
+    agent: &memagent_agent::MemoryAgent<'_>,
+    text: &str,
+    question: &str,
+) -> Result<(usize, memagent_agent::AnswerReport)> {
+    let mut start = 0;
+    loop {
+        match agent.direct(&text[start..], question) {
+            Ok(report) => return Ok((start, report)),
+            Err(memagent_agent::Error::Budget(_)) if start < text.len() => {
+                // Drop an eighth of what is left, to the next line's start.
+                let cut = text.floor_char_boundary(start + (text.len() - start) / 8);
+                start = text[cut..].find('\n').map_or(text.len(), |i| cut + i + 1);
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
 }
 
