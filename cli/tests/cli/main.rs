@@ -2,6 +2,7 @@
 
 mod ask;
 mod bench_loop;
+mod qa;
 mod ruler;
 mod train_sample;
 mod watch;

@@ -1,0 +1,77 @@
+//! `memctl bench qa` on a conversation of our own JSON Lines: the direct baseline reads
+//! the whole conversation when it fits the context, in one model call, and the search
+//! mode reports its recall at each depth.
+
+use super::{stderr, with_model};
+
+#[test]
+fn the_direct_baseline_reads_a_short_conversation_whole() {
+    let dir = std::env::temp_dir().join(format!("memctl-qa-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = dir.join("trip.jsonl");
+    let turns = [
+        ("t1", "Gina", "I flew to Rome yesterday.", "14:02"),
+        ("t2", "Jon", "Nice! I stayed home and baked bread.", "14:03"),
+        (
+            "t3",
+            "Gina",
+            "The Colosseum was my favourite part.",
+            "14:05",
+        ),
+    ];
+    let mut lines: Vec<String> = turns
+        .iter()
+        .map(|(id, name, content, time)| {
+            serde_json::json!({"conversation": "trip", "id": id, "name": name,
+                "content": content, "timestamp": format!("2023-05-11 {time}")})
+            .to_string()
+        })
+        .collect();
+    lines.push(
+        serde_json::json!({"conversation": "trip", "question": "What did Jon bake?",
+            "answer": "bread", "evidence": ["t2"], "category": "single-hop"})
+        .to_string(),
+    );
+    std::fs::write(&data, lines.join("\n") + "\n").unwrap();
+    let out = dir.join("out");
+    let run = with_model(&[
+        "bench",
+        "qa",
+        "--data",
+        data.to_str().unwrap(),
+        "--modes",
+        "direct,search",
+        "--no-memory",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    let records: Vec<serde_json::Value> = std::fs::read_to_string(out.join("results.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let direct = records.iter().find(|r| r["mode"] == "direct").unwrap();
+    assert_eq!(direct["model_calls"], 1, "{direct}");
+    assert_eq!(direct["turns_read"], serde_json::json!(["t1", "t2", "t3"]));
+    assert_eq!(direct["evidence_recall"], 1.0);
+    assert!(!direct["answer"].as_str().unwrap().is_empty());
+    let search = records.iter().find(|r| r["mode"] == "search").unwrap();
+    assert_eq!(search["recall_at"].as_array().unwrap().len(), 3, "{search}");
+
+    let bad = with_model(&[
+        "bench",
+        "qa",
+        "--data",
+        data.to_str().unwrap(),
+        "--modes",
+        "whole",
+    ]);
+    assert!(!bad.status.success());
+    assert!(
+        stderr(&bad).contains("expected evidence, memory, search or direct"),
+        "{}",
+        stderr(&bad)
+    );
+}
