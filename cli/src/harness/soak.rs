@@ -299,7 +299,6 @@ fn lag_monitor(
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut client: Option<DaemonClient> = None;
-        let mut done = 0;
         while !stop.load(Ordering::Relaxed) {
             if client.is_none() {
                 client = DaemonClient::connect(&data);
@@ -309,21 +308,24 @@ fn lag_monitor(
                 .and_then(|c| c.get("/v1/status").ok())
                 .and_then(|s| memory_read(&s, CHAT));
             match read {
-                Some(read) => {
-                    let now = Instant::now();
-                    let chat = chat.lock().expect("chat log");
-                    let mut lags = lags.lock().expect("lags");
-                    while done < chat.lines.len() && chat.lines[done].end <= read {
-                        lags.push(now.duration_since(chat.lines[done].at).as_secs_f64());
-                        done += 1;
-                    }
-                }
+                Some(read) => record_lags(&chat, &lags, read),
                 None => client = None,
             }
             // The sampling interval.
             std::thread::sleep(Duration::from_millis(100));
         }
     })
+}
+
+/// The lag of each chat line memory has now read (its log through `read`) and whose
+/// lag is not yet recorded: lines are read in order, so `lags[i]` is line `i`'s.
+fn record_lags(chat: &Mutex<ChatLog>, lags: &Mutex<Vec<f64>>, read: u64) {
+    let now = Instant::now();
+    let chat = chat.lock().expect("chat log");
+    let mut lags = lags.lock().expect("lags");
+    while let Some(line) = chat.lines.get(lags.len()).filter(|l| l.end <= read) {
+        lags.push(now.duration_since(line.at).as_secs_f64());
+    }
 }
 
 /// Bytes of `stream`'s log its memory has read, from a status.
@@ -494,13 +496,7 @@ pub fn run(global: &Settings, args: &BenchSoakArgs) -> Result<()> {
         let indexed = chat_complete && rows.iter().all(|r| r["index_lag_bytes"] == 0);
         let drained = indexed && rows.iter().all(|r| r["pending_bytes"] == 0);
         if let Some(read) = memory_read(&status, CHAT) {
-            let chat = chat.lock().expect("chat log");
-            let mut lags = lags.lock().expect("lags");
-            let now = Instant::now();
-            while lags.len() < chat.lines.len() && chat.lines[lags.len()].end <= read {
-                let at = chat.lines[lags.len()].at;
-                lags.push(now.duration_since(at).as_secs_f64());
-            }
+            record_lags(&chat, &lags, read);
         }
         if drained || (indexed && Instant::now() > drain_deadline) {
             break drained;
