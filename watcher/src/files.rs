@@ -162,55 +162,85 @@ impl Tracker {
         let Some(key) = path.to_str().map(str::to_string) else {
             return Err("the path is not UTF-8; skipped".into());
         };
-        let Some((seen, bytes)) = self.read_changed(path, &key)? else {
+        let Some((mut seen, file)) = self.open_changed(path, &key)? else {
             return Ok(());
         };
-        let (known, renamed_from) = self.known_record(&key, &seen, &bytes);
-        let resume = Resume::of(&key, known.as_ref(), &bytes);
-        let new = decode_new(&key, format, &bytes[resume.start..], &resume);
+        let unreadable = |e: std::io::Error| format!("cannot read it: {e}");
+        let (known, mut renamed_from) = self.known_record(&key, &seen, &file);
+        let (resume, mut hasher, newlines) =
+            Resume::of(&key, known.as_ref(), &file).map_err(unreadable)?;
+        let stream = known
+            .as_ref()
+            .map_or(stream.to_string(), |r| r.stream.clone());
         // Where the new text starts in the file, for the passages' provenance.
-        let first_line = match format {
+        let mut first_line = match format {
             WatchFormat::ChatJsonl => resume.lines + 1,
-            _ => {
-                bytes[..resume.start]
-                    .iter()
-                    .filter(|&&b| b == b'\n')
-                    .count() as u64
-                    + 1
+            _ => newlines + 1,
+        };
+        let mut current = known;
+        let (mut start, mut lines) = (resume.start, resume.lines);
+        let mut want = READ_PIECE;
+        loop {
+            let bytes = read_piece(&file, start, want).map_err(unreadable)?;
+            let at_end = bytes.len() < want;
+            let new = decode_new(&key, format, &bytes, start, lines);
+            if new.consumed == 0 && !at_end {
+                // One line longer than a piece: read on until it ends.
+                want = want.saturating_mul(2);
+                continue;
             }
-        };
-        let (text, turns) = match resume.revised {
-            true => revision_noted(path, &key, resume.revisions, new.text, new.turns),
-            false => (new.text, new.turns),
-        };
-        let segment = memagent_store::SegmentRecord {
-            source: key.clone(),
-            first_line,
-            turns,
-        };
-        let offset = resume.start + new.consumed;
-        let record = FileRecord {
-            path: key.clone(),
-            stream: known
-                .as_ref()
-                .map_or(stream.to_string(), |r| r.stream.clone()),
-            dev: seen.dev,
-            ino: seen.ino,
-            offset: offset as u64,
-            sha256: Sha256::digest(&bytes[..offset]).into(),
-            lines: resume.lines + new.lines,
-            revisions: resume.revisions,
-        };
-        if known.as_ref() != Some(&record) {
-            self.store_read(key, record, &text, renamed_from, &segment)?;
+            let (text, turns) = match resume.revised && start == 0 {
+                true => revision_noted(path, &key, resume.revisions, new.text, new.turns),
+                false => (new.text, new.turns),
+            };
+            let consumed = &bytes[..new.consumed];
+            hasher.update(consumed);
+            let record = FileRecord {
+                path: key.clone(),
+                stream: stream.clone(),
+                dev: seen.dev,
+                ino: seen.ino,
+                offset: (start + new.consumed) as u64,
+                sha256: hasher.clone().finalize().into(),
+                lines: lines + new.lines,
+                revisions: resume.revisions,
+            };
+            if current.as_ref() != Some(&record) {
+                let segment = memagent_store::SegmentRecord {
+                    source: key.clone(),
+                    first_line,
+                    turns,
+                };
+                self.store_read(&key, &record, &text, renamed_from.take(), &segment)?;
+                if text.len() as u64 >= crate::BIG_WORK {
+                    crate::give_back_freed_memory();
+                }
+                current = Some(record);
+            }
+            first_line += match format {
+                WatchFormat::ChatJsonl => new.lines,
+                _ => newline_count(consumed),
+            };
+            lines += new.lines;
+            // What was read may be newer than the metadata: remember how far it went.
+            seen.len = (start + bytes.len()) as u64;
+            start += new.consumed;
+            if at_end || new.consumed == 0 {
+                break;
+            }
+            want = READ_PIECE;
         }
         self.seen.insert(path.to_path_buf(), seen);
         Ok(())
     }
 
-    /// The file's bytes when it changed since it was last seen (`None`: unchanged, gone,
+    /// The open file when it changed since it was last seen (`None`: unchanged, gone,
     /// or not a regular file); an error says why a file that is there cannot be read.
-    fn read_changed(&mut self, path: &Path, key: &str) -> Result<Option<(Seen, Vec<u8>)>, String> {
+    fn open_changed(
+        &mut self,
+        path: &Path,
+        key: &str,
+    ) -> Result<Option<(Seen, std::fs::File)>, String> {
         let meta = match std::fs::metadata(path) {
             Ok(meta) => meta,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -239,29 +269,23 @@ impl Tracker {
         if self.seen.get(path) == Some(&seen) {
             return Ok(None);
         }
-        let bytes = match std::fs::read(path) {
-            Ok(bytes) => bytes,
+        let file = match std::fs::File::open(path) {
+            Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 tracing::info!("{key}: removed while being read");
                 return Ok(None);
             }
             Err(e) => return Err(format!("cannot read it: {e}")),
         };
-        // What was read may be newer than `meta`: remember the size actually read.
-        let seen = Seen {
-            len: bytes.len() as u64,
-            ..seen
-        };
-        if let Some(at) = bytes[..bytes.len().min(BINARY_PROBE)]
-            .iter()
-            .position(|&b| b == 0)
-        {
+        let head =
+            read_piece(&file, 0, BINARY_PROBE).map_err(|e| format!("cannot read it: {e}"))?;
+        if let Some(at) = head.iter().position(|&b| b == 0) {
             self.seen.insert(path.to_path_buf(), seen);
             return Err(format!(
                 "a binary file (a NUL byte at offset {at}); skipped"
             ));
         }
-        Ok(Some((seen, bytes)))
+        Ok(Some((seen, file)))
     }
 
     /// The file's record: by path, else a known file with the same identity that is no
@@ -272,7 +296,7 @@ impl Tracker {
         &self,
         key: &str,
         seen: &Seen,
-        bytes: &[u8],
+        file: &std::fs::File,
     ) -> (Option<FileRecord>, Option<String>) {
         if let Some(record) = self.files.get(key) {
             return (Some(record.clone()), None);
@@ -285,8 +309,9 @@ impl Tracker {
                     && r.ino == seen.ino
                     && std::fs::metadata(&r.path)
                         .map_or(true, |m| m.dev() != r.dev || m.ino() != r.ino)
-                    && bytes.len() as u64 >= r.offset
-                    && Sha256::digest(&bytes[..r.offset as usize]).as_slice() == r.sha256
+                    && prefix_state(file, r.offset).is_ok_and(|state| {
+                        state.is_some_and(|(hasher, _)| hasher.finalize().as_slice() == r.sha256)
+                    })
             })
             .cloned();
         let from = renamed.as_ref().map(|record| {
@@ -303,15 +328,15 @@ impl Tracker {
     /// scheduler, and remembers the record under its path.
     fn store_read(
         &mut self,
-        key: String,
-        record: FileRecord,
+        key: &str,
+        record: &FileRecord,
         text: &str,
         renamed_from: Option<String>,
         segment: &memagent_store::SegmentRecord,
     ) -> Result<(), String> {
         let appended = self
             .store
-            .append_file(text.as_bytes(), &record, renamed_from.as_deref(), segment)
+            .append_file(text.as_bytes(), record, renamed_from.as_deref(), segment)
             .map_err(|e| format!("cannot store what was read: {e}"))?;
         if appended.bytes > 0 {
             tracing::debug!(
@@ -329,7 +354,7 @@ impl Tracker {
         if let Some(old) = &renamed_from {
             self.files.remove(old);
         }
-        self.files.insert(key, record);
+        self.files.insert(key.to_string(), record.clone());
         Ok(())
     }
 }
@@ -346,40 +371,82 @@ struct Resume {
 }
 
 impl Resume {
-    fn of(key: &str, known: Option<&FileRecord>, bytes: &[u8]) -> Self {
+    /// Where to resume in `file`, with the hash state and the newlines of the bytes
+    /// before that point (read in bounded pieces: a big file is never held whole).
+    fn of(
+        key: &str,
+        known: Option<&FileRecord>,
+        file: &std::fs::File,
+    ) -> std::io::Result<(Self, Sha256, u64)> {
         let Some(r) = known else {
-            return Self {
-                start: 0,
-                lines: 0,
-                revisions: 0,
-                revised: false,
-            };
+            return Ok((Self::whole(0, false), Sha256::new(), 0));
         };
-        let offset = r.offset as usize;
-        if bytes.len() >= offset && Sha256::digest(&bytes[..offset]).as_slice() == r.sha256 {
-            return Self {
-                start: offset,
-                lines: r.lines,
-                revisions: r.revisions,
-                revised: false,
-            };
+        let prefix = prefix_state(file, r.offset)?;
+        let truncated = prefix.is_none();
+        if let Some((hasher, newlines)) = prefix {
+            if hasher.clone().finalize().as_slice() == r.sha256 {
+                let resume = Self {
+                    start: r.offset as usize,
+                    lines: r.lines,
+                    revisions: r.revisions,
+                    revised: false,
+                };
+                return Ok((resume, hasher, newlines));
+            }
         }
-        let how = if bytes.len() < offset {
-            "truncated"
-        } else {
-            "rewritten"
-        };
+        let how = if truncated { "truncated" } else { "rewritten" };
         tracing::warn!(
             "{key}: {how} since it was read; reading it whole as revision {}",
             r.revisions + 1
         );
+        Ok((Self::whole(r.revisions + 1, true), Sha256::new(), 0))
+    }
+
+    /// Reading from the start.
+    fn whole(revisions: u32, revised: bool) -> Self {
         Self {
             start: 0,
             lines: 0,
-            revisions: r.revisions + 1,
-            revised: true,
+            revisions,
+            revised,
         }
     }
+}
+
+/// Bytes of a file read and appended at a time: a big file goes in as several appends,
+/// each recording how far the file was read, so memory stays bounded by this and not
+/// by the file's size.
+const READ_PIECE: usize = 8 << 20;
+
+/// Up to `len` bytes of `file` from `at` (fewer only at the end of the file).
+fn read_piece(file: &std::fs::File, at: usize, len: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut reader = file;
+    reader.seek(SeekFrom::Start(at as u64))?;
+    let mut bytes = Vec::new();
+    reader.take(len as u64).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// The SHA-256 state and the newline count of the first `len` bytes of `file`, read in
+/// pieces; `None` when the file is shorter.
+fn prefix_state(file: &std::fs::File, len: u64) -> std::io::Result<Option<(Sha256, u64)>> {
+    let (mut hasher, mut newlines, mut at) = (Sha256::new(), 0, 0u64);
+    while at < len {
+        let want = (len - at).min(READ_PIECE as u64) as usize;
+        let bytes = read_piece(file, at as usize, want)?;
+        hasher.update(&bytes);
+        newlines += newline_count(&bytes);
+        if bytes.len() < want {
+            return Ok(None);
+        }
+        at += want as u64;
+    }
+    Ok(Some((hasher, newlines)))
+}
+
+fn newline_count(bytes: &[u8]) -> u64 {
+    bytes.iter().filter(|&&b| b == b'\n').count() as u64
 }
 
 /// The new bytes of a file as text to append.
@@ -393,12 +460,12 @@ struct NewText {
     turns: Vec<(u64, u64)>,
 }
 
-/// `new` (the file's bytes from `resume.start`) decoded: a chat log's complete lines as
-/// turns, other text up to its last complete character (invalid UTF-8 replaced, with a
-/// warning naming the byte).
-fn decode_new(key: &str, format: WatchFormat, new: &[u8], resume: &Resume) -> NewText {
+/// `new` (the file's bytes from byte `start`, after `lines` lines) decoded: a chat log's
+/// complete lines as turns, other text up to its last complete character (invalid UTF-8
+/// replaced, with a warning naming the byte).
+fn decode_new(key: &str, format: WatchFormat, new: &[u8], start: usize, lines: u64) -> NewText {
     if format == WatchFormat::ChatJsonl {
-        let parsed = chat::parse(new, resume.lines);
+        let parsed = chat::parse(new, lines);
         for (line, reason) in &parsed.errors {
             tracing::warn!("{key}:{line}: {reason}; line skipped");
         }
@@ -415,7 +482,7 @@ fn decode_new(key: &str, format: WatchFormat, new: &[u8], resume: &Resume) -> Ne
         Err(e) => {
             tracing::warn!(
                 "{key}: invalid UTF-8 at byte {}; decoded with U+FFFD in its place",
-                resume.start + e.valid_up_to()
+                start + e.valid_up_to()
             );
             String::from_utf8_lossy(&new[..take]).into_owned()
         }

@@ -343,6 +343,20 @@ where
     })
 }
 
+/// Bytes read in one go past which the memory freed after them is given back to the
+/// system at once (the allocator would keep it for later, at the daemon's peak size).
+pub(crate) const BIG_WORK: u64 = 1 << 20;
+
+/// Returns freed heap memory to the system (glibc keeps it in its arenas otherwise).
+pub(crate) fn give_back_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory the allocator holds; it has no
+    // preconditions and may be called from any thread.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// The indexer thread: catches the index up with every stream, then indexes each
 /// stream named on `appended` (names that queue up while it works are read once).
 /// Errors are logged with the stream and never stop it.
@@ -360,6 +374,7 @@ fn index_appends(store: &Store, recall: &Recall, appended: mpsc::Receiver<String
         }
         Err(e) => tracing::error!("search index: catching up failed: {e}"),
     }
+    give_back_freed_memory();
     while let Ok(first) = appended.recv() {
         let mut names = vec![first];
         names.extend(appended.try_iter());
@@ -373,6 +388,9 @@ fn index_appends(store: &Store, recall: &Recall, appended: mpsc::Receiver<String
                 Ok(None) => continue,
                 Err(e) => Err(e.into()),
             };
+            if result.as_ref().is_ok_and(|r| r.bytes >= BIG_WORK) {
+                give_back_freed_memory();
+            }
             match result {
                 Ok(r) if r.passages > 0 => tracing::debug!(
                     "search index: `{name}`: {} bytes, {} passages in {:.2}s",

@@ -91,3 +91,69 @@ fn saves_renames_rewrites_and_deletions_keep_the_stream_right() {
         format!("alpha\nbeta\ngamma\n{marker}new start\ndelta\nepsilon\n")
     );
 }
+
+#[test]
+fn a_file_larger_than_one_read_goes_in_piece_by_piece_byte_for_byte() {
+    let root = test_root("big-file");
+    let dir = root.join("notes");
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = format!(
+        "[[watch]]\npath = \"{}\"\nstream = \"big\"\n",
+        dir.display()
+    );
+    // About 18 MB of lines, more than two reads' worth, with a three-byte character
+    // across every 8 MiB boundary a read could end on.
+    let mut content = Vec::new();
+    let mut n = 0;
+    while content.len() < 18_000_000 {
+        let at = content.len();
+        if (at + 40) >> 23 != at >> 23 {
+            let boundary = (at + 40) >> 23 << 23;
+            content.resize(boundary - 1, b'x');
+            content.extend_from_slice("€ ".as_bytes());
+        }
+        content.extend_from_slice(format!("line {n}: the lighthouse keeps its light\n").as_bytes());
+        n += 1;
+    }
+    let file = dir.join("big.txt");
+    std::fs::write(&file, &content).unwrap();
+    let mut daemon = Daemon::start(&root, &config, &["--idle-seconds", "3600"]);
+    let bytes = |daemon: &Daemon, n: u64| {
+        wait_for(
+            &format!("`big` at {n} bytes"),
+            Duration::from_secs(120),
+            || {
+                daemon
+                    .stream_status("big")
+                    .filter(|s| s["log_bytes"].as_u64() == Some(n))
+            },
+        )
+    };
+    bytes(&daemon, content.len() as u64);
+    // Read on after it: the prefix is checked piece by piece too.
+    let more = "the last line\n";
+    append(&file, more);
+    content.extend_from_slice(more.as_bytes());
+    bytes(&daemon, content.len() as u64);
+    assert!(daemon.stop().success());
+
+    let store = Store::open(&root.join("data")).unwrap();
+    let stream = store.require("big").unwrap();
+    assert!(store.read_log(&stream, 0, stream.log_len).unwrap() == content);
+    // Each read is its own append with where in the file it starts.
+    let mut starts = Vec::new();
+    let mut at = stream.log_len;
+    while let Some((start, segment)) = store.segment_at(&stream, at - 1).unwrap() {
+        let lines = content[..start as usize]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count() as u64;
+        assert_eq!(segment.first_line, lines + 1, "the piece at byte {start}");
+        starts.push(start);
+        if start == 0 {
+            break;
+        }
+        at = start;
+    }
+    assert!(starts.len() >= 4, "pieces start at {starts:?}");
+}
