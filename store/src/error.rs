@@ -35,9 +35,8 @@ pub enum Error {
     BadName(String),
     #[error(
         "no space to store {write} in {path}: {available} available, {reserve} kept free; \
-         nothing was stored. Free space on that filesystem (other files: the database \
-         file does not shrink when streams are removed) or lower `reserve_mb` in the \
-         config file"
+         nothing was stored. Free space on that filesystem (`memctl streams rm` gives \
+         back a stream's text) or lower `reserve_mb` in the config file"
     )]
     NoSpace {
         path: PathBuf,

@@ -1,5 +1,6 @@
 //! The memagent store: streams, their append-only content logs, the chunks each memory
-//! chain consumed, every memory version and each chain's cursor, in one sled database.
+//! chain consumed, every memory version and each chain's cursor, in one sled database,
+//! with each content log in a file of its own beside it (see `logs`).
 //!
 //! Ingestion commits twice per step and the two never disagree: new content is appended
 //! and flushed before any model work ([`Store::append`]); then memory version n, the
@@ -20,6 +21,7 @@
 
 mod codec;
 mod error;
+mod logs;
 mod records;
 mod space;
 mod transfer;
@@ -69,6 +71,7 @@ pub struct Store {
     files: Tree,
     answers: Tree,
     segments: Tree,
+    logs: logs::Logs,
     space: space::Guard,
 }
 
@@ -89,7 +92,7 @@ impl Store {
         let lock = Self::lock(dir)?;
         let db = sled::Config::new().path(dir.join("db")).open()?;
         memagent_migrations::migrate(&db)?;
-        Ok(Self {
+        let store = Self {
             streams: db.open_tree("streams")?,
             stream_names: db.open_tree("stream_names")?,
             log: db.open_tree("log")?,
@@ -102,10 +105,65 @@ impl Store {
             answers: db.open_tree("answers")?,
             segments: db.open_tree("segments")?,
             path: dir.to_path_buf(),
+            logs: logs::Logs::open(&dir.join("logs"))?,
             space: space::Guard::new(dir),
             _lock: lock,
             db,
-        })
+        };
+        store.settle_logs()?;
+        Ok(store)
+    }
+
+    /// Brings the content logs to their files: text stored in the database by an older
+    /// memctl is moved out (record by record, then removed from the database), each file
+    /// is cut back to its stream's committed length, and files of no stream are deleted.
+    fn settle_logs(&self) -> Result<()> {
+        // A stream record that does not decode is left for the reads that name it.
+        let mut streams = Vec::new();
+        for item in self.streams.iter() {
+            let (key, value) = item?;
+            if let Ok(stream) = decode::<StreamRecord>("streams", &key, &value) {
+                streams.push(stream);
+            }
+        }
+        for stream in &streams {
+            let prefix = key1(stream.id);
+            if self.log.scan_prefix(prefix).next().is_none() {
+                continue;
+            }
+            for item in self.log.scan_prefix(prefix) {
+                let (key, value) = item?;
+                let (at, body) = log_record(&key, &value)?;
+                let end = (at + body.len() as u64).min(stream.log_len);
+                if at < end {
+                    self.logs
+                        .write(stream.id, at, &body[..(end - at) as usize])?;
+                }
+            }
+            for key in self.log.scan_prefix(prefix).keys() {
+                self.log.remove(key?)?;
+            }
+            self.db.flush()?;
+        }
+        // Files of removed streams (a removal stopped before its file went); none is
+        // deleted while a stream's id cannot be read.
+        let ids: Result<std::collections::HashSet<u64>> = self
+            .stream_names
+            .iter()
+            .keys()
+            .map(|key| Ok(key_parts::<1>("stream_names", &key?)?[0]))
+            .collect();
+        if let Ok(ids) = ids {
+            for id in self.logs.ids()? {
+                if !ids.contains(&id) {
+                    self.logs.remove(id)?;
+                }
+            }
+        }
+        for stream in &streams {
+            self.logs.cut(stream.id, stream.log_len)?;
+        }
+        Ok(())
     }
 
     /// Takes the data directory's lock file, writing our process id into it; a held lock
@@ -153,7 +211,7 @@ impl Store {
 
     /// Bytes the database takes on disk.
     pub fn size_on_disk(&self) -> Result<u64> {
-        Ok(self.db.size_on_disk()?)
+        Ok(self.db.size_on_disk()? + self.logs.size())
     }
 
     /// Free space on the data directory's filesystem against the reserve writes keep.
@@ -228,6 +286,7 @@ impl Store {
 
     /// Deletes a stream with its log, chunks, memories and cursors.
     pub fn remove_stream(&self, name: &str) -> Result<()> {
+        let _turn = self.logs.appending();
         let stream = self.require(name)?;
         let prefix = key1(stream.id);
         for tree in [
@@ -252,7 +311,7 @@ impl Store {
         self.stream_names.remove(prefix)?;
         self.streams.remove(name.as_bytes())?;
         self.db.flush()?;
-        Ok(())
+        self.logs.remove(stream.id)
     }
 
     /// Commit 1: appends `bytes` to the stream's log (creating the stream) and flushes.
@@ -286,6 +345,7 @@ impl Store {
         force: bool,
         turns: Vec<(u64, u64)>,
     ) -> Result<Appended> {
+        let _turn = self.logs.appending();
         let record = self.create_stream(stream)?;
         let source_key = source.map(|name| source_key(record.id, name));
         let previous: Option<SourceRecord> = match &source_key {
@@ -338,14 +398,10 @@ impl Store {
         });
         self.space
             .make_room(new.len() as u64 + segment.as_ref().map_or(0, |s| s.len() as u64))?;
+        self.logs.write(record.id, record.log_len, new)?;
         let outcome: std::result::Result<(), TransactionError<Error>> =
-            (&self.streams, &self.log, &self.sources, &self.segments).transaction(
-                |(streams, log, sources, segments)| {
-                    for (at, piece) in log_pieces(new) {
-                        let mut value = vec![codec::FORMAT];
-                        value.extend_from_slice(piece);
-                        log.insert(&key2(record.id, record.log_len + at), value)?;
-                    }
+            (&self.streams, &self.sources, &self.segments).transaction(
+                |(streams, sources, segments)| {
                     if let Some(segment) = &segment {
                         segments.insert(&key2(record.id, record.log_len), segment.as_slice())?;
                     }
@@ -376,21 +432,18 @@ impl Store {
         renamed_from: Option<&str>,
         segment: &SegmentRecord,
     ) -> Result<Appended> {
+        let _turn = self.logs.appending();
         let record = self.create_stream(&file.stream)?;
         let mut updated = record.clone();
         updated.log_len += text.len() as u64;
         let segment = encode(segment);
         self.space
             .make_room(text.len() as u64 + segment.len() as u64)?;
+        self.logs.write(record.id, record.log_len, text)?;
         let outcome: std::result::Result<(), TransactionError<Error>> =
-            (&self.streams, &self.log, &self.files, &self.segments).transaction(
-                |(streams, log, files, segments)| {
+            (&self.streams, &self.files, &self.segments).transaction(
+                |(streams, files, segments)| {
                     if !text.is_empty() {
-                        for (at, piece) in log_pieces(text) {
-                            let mut value = vec![codec::FORMAT];
-                            value.extend_from_slice(piece);
-                            log.insert(&key2(record.id, record.log_len + at), value)?;
-                        }
                         segments.insert(&key2(record.id, record.log_len), segment.as_slice())?;
                         streams.insert(file.stream.as_bytes(), encode(&updated))?;
                     }
@@ -434,57 +487,9 @@ impl Store {
         decode_all("files", self.files.iter())
     }
 
-    /// Bytes `[from, to)` of a stream's content log.
+    /// Bytes `[from, to)` of a stream's content log (up to its committed length).
     pub fn read_log(&self, stream: &StreamRecord, from: u64, to: u64) -> Result<Vec<u8>> {
-        let to = to.min(stream.log_len);
-        let mut out = Vec::with_capacity(to.saturating_sub(from) as usize);
-        if from >= to {
-            return Ok(out);
-        }
-        // The segment holding `from` starts at the greatest key <= from.
-        let start = match self
-            .log
-            .range(key2(stream.id, 0)..=key2(stream.id, from))
-            .next_back()
-        {
-            Some(item) => item?.0.to_vec(),
-            None => key2(stream.id, 0).to_vec(),
-        };
-        for item in self.log.range(start..key2(stream.id, to).to_vec()) {
-            let (key, value) = item?;
-            let [_, at] = key_parts("log", &key)?;
-            let body = match value.split_first() {
-                Some((&codec::FORMAT, body)) => body,
-                Some((&v, _)) => {
-                    return Err(Error::UnknownFormat {
-                        tree: "log",
-                        key: show_key(&key),
-                        version: v,
-                    })
-                }
-                None => {
-                    return Err(Error::Corrupt {
-                        tree: "log",
-                        key: show_key(&key),
-                        reason: "empty value".to_string(),
-                    })
-                }
-            };
-            let seg_end = at + body.len() as u64;
-            let lo = from.max(at);
-            let hi = to.min(seg_end);
-            if lo < hi {
-                out.extend_from_slice(&body[(lo - at) as usize..(hi - at) as usize]);
-            }
-        }
-        if out.len() as u64 != to - from {
-            return Err(Error::Corrupt {
-                tree: "log",
-                key: format!("{}/{from}..{to}", stream.id),
-                reason: format!("log holds {} of {} bytes", out.len(), to - from),
-            });
-        }
-        Ok(out)
+        self.logs.read(stream.id, from, to.min(stream.log_len))
     }
 
     pub fn cursor(&self, stream: &StreamRecord, chain: u64) -> Result<Cursor> {
@@ -709,9 +714,27 @@ fn transaction_result(outcome: std::result::Result<(), TransactionError<Error>>)
     }
 }
 
-/// The most bytes one record of a content log holds: a longer append is stored as
-/// several records, so that reading a few bytes of it (a memory step's chunk, a window
-/// of the index) reads at most this much, whatever the append's size.
+/// The offset and text of a content log record kept in the database by an older memctl
+/// (format byte, then the text).
+fn log_record<'v>(key: &[u8], value: &'v [u8]) -> Result<(u64, &'v [u8])> {
+    let [_, at] = key_parts("log", key)?;
+    match value.split_first() {
+        Some((&codec::FORMAT, body)) => Ok((at, body)),
+        Some((&v, _)) => Err(Error::UnknownFormat {
+            tree: "log",
+            key: show_key(key),
+            version: v,
+        }),
+        None => Err(Error::Corrupt {
+            tree: "log",
+            key: show_key(key),
+            reason: "empty value".to_string(),
+        }),
+    }
+}
+
+/// The most bytes one record of an export's log holds: a longer log is exported as
+/// several records, each readable alone.
 pub const LOG_PIECE: usize = 1 << 20;
 
 /// `bytes` in pieces of at most [`LOG_PIECE`] bytes, each with its offset, cut before a

@@ -63,16 +63,22 @@ impl Store {
             name: stream.name.clone(),
             created: stream.created,
         }];
-        for item in self.log.scan_prefix(prefix) {
-            let (key, value) = item?;
-            let [_, offset] = key_parts("log", &key)?;
-            let bytes = self.read_log(&stream, offset, offset + value.len() as u64 - 1)?;
-            let text = String::from_utf8(bytes).map_err(|e| Error::Corrupt {
+        let mut offset = 0;
+        while offset < stream.log_len {
+            // A piece's worth and the rest of a character it may end inside.
+            let end = (offset + crate::LOG_PIECE as u64 + 3).min(stream.log_len);
+            let bytes = self.read_log(&stream, offset, end)?;
+            let piece = crate::log_pieces(&bytes)
+                .next()
+                .map_or(&bytes[..], |(_, p)| p);
+            let text = String::from_utf8(piece.to_vec()).map_err(|e| Error::Corrupt {
                 tree: "log",
-                key: crate::show_key(&key),
+                key: format!("{}/{offset}", stream.id),
                 reason: format!("not UTF-8: {e}"),
             })?;
+            let len = text.len() as u64;
             out.push(ExportRecord::Log { offset, text });
+            offset += len;
         }
         for item in self.sources.scan_prefix(prefix) {
             let (k, v) = item?;
@@ -150,6 +156,7 @@ impl Store {
         created: u64,
         records: &[ExportRecord],
     ) -> Result<StreamRecord> {
+        let _turn = self.logs.appending();
         let mut log_len = 0u64;
         for (line, record) in records.iter().enumerate() {
             let line = line + 2;
@@ -165,9 +172,7 @@ impl Store {
                             "line {line}: log segment at {offset}, expected {log_len}"
                         )));
                     }
-                    let mut value = vec![crate::codec::FORMAT];
-                    value.extend_from_slice(text.as_bytes());
-                    self.log.insert(key2(stream.id, *offset), value)?;
+                    self.logs.write(stream.id, *offset, text.as_bytes())?;
                     log_len += text.len() as u64;
                 }
                 ExportRecord::Source(source) => {

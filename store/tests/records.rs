@@ -103,17 +103,60 @@ fn corrupt_records_are_errors_that_name_the_key() {
         "{err}"
     );
 
-    // Garbage in the content log.
-    let s2 = store.create_stream("other").unwrap();
+    // A content log file shorter than the database says.
     store.append("other", b"hello", None).unwrap();
-    let log_key: Vec<u8> = [s2.id, 0].iter().flat_map(|n| n.to_be_bytes()).collect();
-    store.raw_insert("log", &log_key, &[4, 1]).unwrap();
     let s2 = store.require("other").unwrap();
+    let file = dir.join("logs").join(format!("{}.log", s2.id));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_len(2)
+        .unwrap();
     let err = store.read_log(&s2, 0, 5).unwrap_err();
-    assert!(
-        err.to_string().contains(&format!("log/{}/0", s2.id)),
-        "{err}"
+    assert_corrupt(&err, "log", &file.display().to_string());
+    assert!(err.to_string().contains("ends before byte 5"), "{err}");
+}
+
+#[test]
+fn content_kept_in_the_database_by_an_older_memctl_moves_to_the_log_files() {
+    let dir = scratch("log-tree");
+    let key =
+        |id: u64, at: u64| -> Vec<u8> { [id, at].iter().flat_map(|n| n.to_be_bytes()).collect() };
+    let id = {
+        let store = Store::open(&dir).unwrap();
+        store.append("notes", b"Ada prefers tea.\n", None).unwrap();
+        let s = store.require("notes").unwrap();
+        // As an older memctl stored it: records of the text in the `log` tree (format
+        // byte 1), the file not yet written.
+        store
+            .raw_insert("log", &key(s.id, 0), b"\x01Ada prefers ")
+            .unwrap();
+        store
+            .raw_insert("log", &key(s.id, 12), b"\x01tea.\n")
+            .unwrap();
+        s.id
+    };
+    std::fs::remove_file(dir.join("logs").join(format!("{id}.log"))).unwrap();
+    let store = Store::open(&dir).unwrap();
+    let s = store.require("notes").unwrap();
+    assert_eq!(
+        store.read_log(&s, 0, s.log_len).unwrap(),
+        b"Ada prefers tea.\n"
     );
+    drop(store);
+    // A second open finds the text where the first put it.
+    let store = Store::open(&dir).unwrap();
+    assert_eq!(
+        store.read_log(&s, 0, s.log_len).unwrap(),
+        b"Ada prefers tea.\n"
+    );
+    store.raw_insert("log", &key(s.id, 0), &[4, 1]).unwrap();
+    drop(store);
+    // An unknown format byte stops the open with the record named.
+    let err = Store::open(&dir).err().expect("an unknown log record");
+    assert!(err.to_string().contains(&format!("log/{id}/0")), "{err}");
+    assert!(err.to_string().contains("format version 4"), "{err}");
 }
 
 #[test]
@@ -146,6 +189,38 @@ fn removing_a_stream_removes_its_records() {
     ));
     let kept = store.require("kept").unwrap();
     assert_eq!(store.read_log(&kept, 0, kept.log_len).unwrap(), b"other");
+    let logs = dir.join("logs");
+    assert!(!logs.join(format!("{}.log", s.id)).exists());
+    assert!(logs.join(format!("{}.log", kept.id)).exists());
+}
+
+#[test]
+fn bytes_past_the_committed_length_are_never_read_and_cut_at_open() {
+    let dir = scratch("tail");
+    let file = {
+        let store = Store::open(&dir).unwrap();
+        store.append("notes", b"kept\n", None).unwrap();
+        let s = store.require("notes").unwrap();
+        dir.join("logs").join(format!("{}.log", s.id))
+    };
+    // An append killed after its bytes were written, before its commit.
+    let mut log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&file)
+        .unwrap();
+    std::io::Write::write_all(&mut log, b"never committed\n").unwrap();
+    drop(log);
+    let store = Store::open(&dir).unwrap();
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), 5);
+    store.append("notes", b"next\n", None).unwrap();
+    let s = store.require("notes").unwrap();
+    assert_eq!(store.read_log(&s, 0, s.log_len).unwrap(), b"kept\nnext\n");
+    // Files of no stream (a removal cut short) are deleted at open.
+    let stray = dir.join("logs").join("999999.log");
+    std::fs::write(&stray, b"stray").unwrap();
+    drop(store);
+    let _store = Store::open(&dir).unwrap();
+    assert!(!stray.exists());
 }
 
 #[test]
@@ -309,7 +384,7 @@ fn assert_corrupt(err: &Error, tree: &str, says: &str) {
 }
 
 #[test]
-fn a_long_append_is_stored_in_pieces_that_each_read_alone() {
+fn a_long_append_reads_back_in_any_range_and_exports_in_pieces() {
     let dir = scratch("pieces");
     let store = Store::open(&dir).unwrap();
     // Two and a half pieces of text without a line break, with characters of 1 to 4
@@ -340,7 +415,8 @@ fn a_long_append_is_stored_in_pieces_that_each_read_alone() {
             _ => None,
         })
         .collect();
-    assert_eq!(pieces.len(), 1 + 3, "the short append, then three pieces");
+    // 7 + 2.5 MiB, exported in records of at most a MiB each.
+    assert_eq!(pieces.len(), 3);
     let mut at = 0;
     for (offset, piece) in &pieces {
         assert_eq!(*offset, at, "pieces are contiguous");
