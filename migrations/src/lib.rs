@@ -15,6 +15,7 @@
 //! ```
 
 mod v1_to_v2;
+mod v2_to_v3;
 
 use std::collections::BTreeMap;
 
@@ -22,7 +23,7 @@ use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::Transactional;
 
 /// The schema this binary writes.
-pub const CURRENT: u32 = 2;
+pub const CURRENT: u32 = 3;
 
 /// Tree and key of the schema version.
 pub const META_TREE: &str = "meta";
@@ -104,7 +105,7 @@ impl<'a> Changes<'a> {
 type StepFn = fn(&mut Changes<'_>) -> std::result::Result<(), String>;
 
 /// The steps, in order: `STEPS[i]` goes from version `i + 1` to `i + 2`.
-const STEPS: &[StepFn] = &[v1_to_v2::run];
+const STEPS: &[StepFn] = &[v1_to_v2::run, v2_to_v3::run];
 
 /// The stored schema version; `None` for a database that has none yet (new and empty).
 pub fn stored_version(db: &sled::Db) -> Result<Option<u32>> {
