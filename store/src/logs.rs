@@ -8,17 +8,15 @@
 //! to the file, so the database holds a stream's records, never its text: memory stays
 //! bounded whatever is appended.
 
-use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 
 use crate::{Error, Result};
 
 pub(crate) struct Logs {
     dir: PathBuf,
-    open: Mutex<HashMap<u64, Arc<File>>>,
     /// Held across an append's write and its commit: appends take turns.
     appending: Mutex<()>,
 }
@@ -31,7 +29,6 @@ impl Logs {
         })?;
         Ok(Self {
             dir: dir.to_path_buf(),
-            open: Mutex::new(HashMap::new()),
             appending: Mutex::new(()),
         })
     }
@@ -45,22 +42,17 @@ impl Logs {
         self.appending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn file(&self, id: u64) -> Result<Arc<File>> {
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(file) = open.get(&id) {
-            return Ok(file.clone());
-        }
+    /// The stream's log file, opened for each use: a daemon with thousands of streams
+    /// holds no descriptor between reads.
+    fn file(&self, id: u64) -> Result<File> {
         let path = self.path(id);
-        let file = OpenOptions::new()
+        OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .open(&path)
-            .map_err(|source| Error::Io { path, source })?;
-        let file = Arc::new(file);
-        open.insert(id, file.clone());
-        Ok(file)
+            .map_err(|source| Error::Io { path, source })
     }
 
     /// Writes `bytes` at `at` in the stream's log and syncs them.
@@ -114,10 +106,6 @@ impl Logs {
 
     /// Deletes the stream's log file.
     pub(crate) fn remove(&self, id: u64) -> Result<()> {
-        self.open
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id);
         match std::fs::remove_file(self.path(id)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::Io {
                 path: self.path(id),
