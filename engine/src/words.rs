@@ -108,6 +108,22 @@ pub fn keys(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// Every word of `text`, lower case and Porter-stemmed, stop words kept, a possessive
+/// `'s` dropped: what a sentence says in its own words, for telling whether an answer
+/// repeats the question.
+pub fn stems(text: &str) -> Vec<String> {
+    let stemmer = frostem::Stemmer::new(frostem::Algorithm::Porter);
+    text.split(|c: char| !c.is_alphanumeric() && c != '\'' && c != '\u{2019}')
+        .map(|w| w.to_lowercase().replace('\u{2019}', "'"))
+        .map(|w| {
+            let w = w.trim_matches('\'');
+            w.strip_suffix("'s").unwrap_or(w).to_string()
+        })
+        .filter(|w| !w.is_empty())
+        .map(|w| stemmer.stem(&w).into_owned())
+        .collect()
+}
+
 /// The names in `question`: capitalised words that do not start a sentence (`I` aside),
 /// without a possessive `'s`.
 pub fn names(question: &str) -> Vec<String> {

@@ -3,7 +3,7 @@
 
 use chrono::NaiveDateTime;
 use memagent_agent::{AnswerReport, MemoryAgent, PASSAGE_ANSWER};
-use memagent_engine::words::sentences;
+use memagent_engine::words::{sentences, stems};
 use memagent_recall::dates;
 use memagent_recall::passages::{
     bearing_sentences, coverage, holds_any, names, rarest_words, relevant_notes, turn_speaker,
@@ -115,7 +115,9 @@ pub fn answer_with_evidence(
             report.seconds = reply.seconds;
             report.timings = reply.timings;
             report.stop_reason = reply.stop_reason;
-            Some(first_line(&reply.answer)).filter(|s| !abstains(s))
+            Some(first_line(&reply.answer))
+                .filter(|s| !abstains(s))
+                .map(|s| without_restatement(question, &s))
         };
         let units: Vec<Option<String>> = a
             .units
@@ -356,6 +358,41 @@ fn first_line(answer: &str) -> String {
         .to_string()
 }
 
+/// Forms of "be", "do", "have" and "get" that turn a question into the start of its
+/// answer ("did … get promoted" → "got promoted").
+const RESTATING: &[&str] = &[
+    "is", "are", "was", "were", "be", "been", "being", "am", "do", "does", "did", "has", "have",
+    "had", "get", "gets", "got", "getting",
+];
+
+/// `answer` without the words it opens with that repeat `question` ("What does Ana say
+/// running has been great for?" → "Ana says running has been great for her mental
+/// health" → "Her mental health"): an answer is the name, date or phrase asked for.
+/// Each leading word whose stem the question holds, or that is a form of "be", "do",
+/// "have" or "get", is cut; the answer stays whole when nothing would be left.
+pub fn without_restatement(question: &str, answer: &str) -> String {
+    let asked = stems(question);
+    let repeats = |word: &str| {
+        let bare = word
+            .trim_matches(|c: char| !c.is_alphanumeric())
+            .to_lowercase();
+        RESTATING.contains(&bare.as_str()) || stems(word).iter().all(|s| asked.contains(s))
+    };
+    let rest = answer
+        .split_whitespace()
+        .skip_while(|w| repeats(w))
+        .collect::<Vec<_>>()
+        .join(" ");
+    if rest.is_empty() || rest.len() == answer.trim().len() {
+        return answer.to_string();
+    }
+    let mut chars = rest.chars();
+    chars
+        .next()
+        .map(|first| first.to_uppercase().chain(chars).collect())
+        .unwrap_or_default()
+}
+
 /// Whether an answer says the passage (or the stream) does not tell.
 pub fn abstains(answer: &str) -> bool {
     let a = answer.trim().to_lowercase();
@@ -497,6 +534,36 @@ fn made_answer(reply: String) -> AnswerReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_does_not_open_by_repeating_the_question() {
+        let cut = |q, a| without_restatement(q, a);
+        assert_eq!(
+            cut(
+                "What does Ana say running has been great for?",
+                "Ana says running has been great for her mental health."
+            ),
+            "Her mental health."
+        );
+        assert_eq!(
+            cut(
+                "What did Kofi recently get promoted to?",
+                "Kofi recently got promoted to assistant manager"
+            ),
+            "Assistant manager"
+        );
+        // An answer that opens with what is asked for, or is nothing but the
+        // question's words, stays whole.
+        assert_eq!(cut("What country is Ana from?", "Sweden"), "Sweden");
+        assert_eq!(
+            cut("Where does Ravi live?", "Ravi lives in Graz."),
+            "In Graz."
+        );
+        assert_eq!(
+            cut("Is Ravi married?", "Ravi is married."),
+            "Ravi is married."
+        );
+    }
 
     #[test]
     fn a_single_value_comes_from_the_newest_passage_that_says() {
