@@ -67,6 +67,12 @@ pub struct GlobalArgs {
     #[arg(long, global = true, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
 
+    /// Keep streams in PostgreSQL instead of the data directory's embedded database:
+    /// postgres://user@host:port/dbname, the password from $PGPASSWORD [default:
+    /// `database` in the config file; unset: the embedded database]
+    #[arg(long, global = true, env = "MEMAGENT_DATABASE", value_name = "URL")]
+    pub database: Option<String>,
+
     /// Configuration file [default: $XDG_CONFIG_HOME/memagent/config.toml]
     #[arg(long, global = true, env = "MEMAGENT_CONFIG", value_name = "PATH")]
     pub config: Option<PathBuf>,

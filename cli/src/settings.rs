@@ -22,6 +22,10 @@ pub struct ConfigFile {
     pub model: Option<PathBuf>,
     /// Where streams and memories are stored.
     pub data_dir: Option<PathBuf>,
+    /// PostgreSQL to keep streams in (postgres://user@host:port/dbname); a password in
+    /// it only when the file is readable by its owner alone (mode 0600), else from
+    /// $PGPASSWORD.
+    pub database: Option<String>,
     /// Megabytes kept free on the data directory's filesystem: a write that would leave
     /// less is refused, and reads go on [default: 64].
     pub reserve_mb: Option<f64>,
@@ -167,6 +171,27 @@ impl ConfigFile {
         Ok(())
     }
 
+    /// A password in `database` only in a file that only its owner can read.
+    fn check_secrets(&self, path: &Path) -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let Some(url) = &self.database else {
+            return Ok(());
+        };
+        let has_password = memagent_store::postgres::url_has_password(url);
+        let mode = std::fs::metadata(path).map_or(0, |m| m.permissions().mode());
+        if has_password && mode & 0o077 != 0 {
+            bail!(
+                "{}: `database` holds a password and the file can be read by others (mode \
+                 {:o}); run `chmod 600 {}`, or take the password out of the URL and set \
+                 PGPASSWORD",
+                path.display(),
+                mode & 0o777,
+                path.display()
+            );
+        }
+        Ok(())
+    }
+
     fn load(explicit: Option<&Path>) -> Result<Self> {
         let path = match explicit {
             Some(p) => p.to_path_buf(),
@@ -176,7 +201,11 @@ impl ConfigFile {
             },
         };
         match std::fs::read_to_string(&path) {
-            Ok(text) => Self::parse(&text, &path),
+            Ok(text) => {
+                let config = Self::parse(&text, &path)?;
+                config.check_secrets(&path)?;
+                Ok(config)
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && explicit.is_none() => {
                 Ok(Self::default())
             }
@@ -332,6 +361,25 @@ impl Settings {
             bail!("{source} must be a number of megabytes, 0 or more (got {mb})");
         }
         Ok((mb * 1e6) as u64)
+    }
+
+    /// The PostgreSQL database streams are kept in: `--database` (or
+    /// `MEMAGENT_DATABASE`), then `database` in the config file; `None`: the embedded
+    /// database in the data directory.
+    pub fn database(&self) -> Result<Option<String>> {
+        if let Some(url) = self.args.database.as_ref().filter(|u| !u.is_empty()) {
+            return Ok(Some(url.clone()));
+        }
+        Ok(self.config()?.database.clone())
+    }
+
+    /// The store: the embedded database in the data directory, or PostgreSQL when one
+    /// is configured, with the reserve of free space set.
+    pub fn open_store(&self) -> Result<memagent_store::Store> {
+        let dir = self.data_dir()?;
+        let store = memagent_store::Store::open_with(&dir, self.database()?.as_deref())?;
+        store.set_reserve(self.reserve()?);
+        Ok(store)
     }
 
     /// The data directory: `--data-dir`, then `MEMAGENT_DATA_DIR`, then the config file,

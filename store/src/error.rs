@@ -52,6 +52,11 @@ pub enum Error {
     Disk(std::io::Error),
     #[error("database: {0}")]
     Sled(sled::Error),
+    /// PostgreSQL could not be reached or configured (the message names the server).
+    #[error("PostgreSQL: {0}")]
+    Database(String),
+    #[error("PostgreSQL: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
 }
 
 impl From<sled::Error> for Error {

@@ -1,14 +1,14 @@
 //! The memagent store: streams, their append-only content logs, the chunks each memory
-//! chain consumed, every memory version and each chain's cursor, in one sled database,
-//! with each content log in a file of its own beside it (see `logs`).
+//! chain consumed, every memory version and each chain's cursor. Kept in the embedded
+//! sled database by default ([`Store::open`]), or in PostgreSQL ([`Store::connect`]),
+//! behind one [`Backend`] trait: the rest of memagent sees the same [`Store`].
 //!
 //! Ingestion commits twice per step and the two never disagree: new content is appended
-//! and flushed before any model work ([`Store::append`]); then memory version n, the
-//! chunk it consumed and the advanced cursor are written in one transaction and flushed
-//! ([`Store::commit_step`]). A restart resumes at the first unconsumed chunk. Records
-//! are postcard behind a format byte; keys are big-endian. The store only stores: it
-//! never runs a model, never searches and never prints; the names of models and
-//! templates it keeps are plain text to it.
+//! and made durable before any model work ([`Store::append`]); then memory version n,
+//! the chunk it consumed and the advanced cursor are committed in one transaction
+//! ([`Store::commit_step`]). A restart resumes at the first unconsumed chunk. The store
+//! only stores: it never runs a model, never searches and never prints; the names of
+//! models and templates it keeps are plain text to it.
 //!
 //! ```no_run
 //! use memagent_store::Store;
@@ -19,24 +19,23 @@
 //! # Ok::<(), memagent_store::Error>(())
 //! ```
 
+mod backend;
 mod codec;
+mod embedded;
 mod error;
 mod logs;
+pub mod postgres;
 mod records;
 mod space;
 mod transfer;
 
-use std::fs::File;
-use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use sha2::{Digest, Sha256};
-use sled::transaction::{ConflictableTransactionError, TransactionError};
-use sled::{Transactional, Tree};
 
+pub use backend::Backend;
 pub use codec::show_key;
-use codec::{decode, encode, key1, key2, key3, key_parts};
 pub use error::{Error, Result};
 pub use records::{
     Author, ChunkRecord, Cursor, FileRecord, MemoryVersion, QuestionRecord, SegmentRecord,
@@ -55,24 +54,11 @@ pub struct Appended {
     pub log_len: u64,
 }
 
-/// An open database. One process at a time: the lock is held until drop.
+/// An open store: the embedded database in a data directory, or a PostgreSQL database
+/// with the data directory for what each daemon derives locally.
 pub struct Store {
-    db: sled::Db,
+    backend: Box<dyn Backend>,
     path: PathBuf,
-    _lock: File,
-    streams: Tree,
-    stream_names: Tree,
-    log: Tree,
-    sources: Tree,
-    chunks: Tree,
-    versions: Tree,
-    cursors: Tree,
-    questions: Tree,
-    files: Tree,
-    answers: Tree,
-    segments: Tree,
-    logs: logs::Logs,
-    space: space::Guard,
 }
 
 fn now() -> u64 {
@@ -82,141 +68,52 @@ fn now() -> u64 {
 }
 
 impl Store {
-    /// Opens (or creates) the database in `dir`, upgrading its schema if it is older.
+    /// Opens (or creates) the embedded database in `dir`, upgrading its schema if it is
+    /// older. One process at a time: a second open is an error naming the first.
     pub fn open(dir: &Path) -> Result<Self> {
-        let io = |source| Error::Io {
+        Ok(Self {
+            backend: Box::new(embedded::SledStore::open(dir)?),
             path: dir.to_path_buf(),
-            source,
-        };
-        std::fs::create_dir_all(dir).map_err(io)?;
-        let lock = Self::lock(dir)?;
-        let db = sled::Config::new().path(dir.join("db")).open()?;
-        memagent_migrations::migrate(&db)?;
-        let store = Self {
-            streams: db.open_tree("streams")?,
-            stream_names: db.open_tree("stream_names")?,
-            log: db.open_tree("log")?,
-            sources: db.open_tree("sources")?,
-            chunks: db.open_tree("chunks")?,
-            versions: db.open_tree("versions")?,
-            cursors: db.open_tree("cursors")?,
-            questions: db.open_tree("questions")?,
-            files: db.open_tree("files")?,
-            answers: db.open_tree("answers")?,
-            segments: db.open_tree("segments")?,
+        })
+    }
+
+    /// Opens the store `database` names: a `postgres://` or `postgresql://` URL (see
+    /// [`postgres`]), else the embedded database in `dir`. `dir` is the data directory
+    /// either way (the search index and the daemon's files live there).
+    pub fn open_with(dir: &Path, database: Option<&str>) -> Result<Self> {
+        match database {
+            Some(url) => Self::connect(url, dir),
+            None => Self::open(dir),
+        }
+    }
+
+    /// Connects to PostgreSQL at `url`, applying the schema's migrations, with `dir` as
+    /// the local data directory.
+    pub fn connect(url: &str, dir: &Path) -> Result<Self> {
+        Ok(Self {
+            backend: Box::new(postgres::PgStore::connect(url, dir)?),
             path: dir.to_path_buf(),
-            logs: logs::Logs::open(&dir.join("logs"))?,
-            space: space::Guard::new(dir),
-            _lock: lock,
-            db,
-        };
-        store.settle_logs()?;
-        Ok(store)
+        })
     }
 
-    /// Brings the content logs to their files: text stored in the database by an older
-    /// memctl is moved out (record by record, then removed from the database), each file
-    /// is cut back to its stream's committed length, and files of no stream are deleted.
-    fn settle_logs(&self) -> Result<()> {
-        // A stream record that does not decode is left for the reads that name it.
-        let mut streams = Vec::new();
-        for item in self.streams.iter() {
-            let (key, value) = item?;
-            if let Ok(stream) = decode::<StreamRecord>("streams", &key, &value) {
-                streams.push(stream);
-            }
-        }
-        for stream in &streams {
-            let prefix = key1(stream.id);
-            if self.log.scan_prefix(prefix).next().is_none() {
-                continue;
-            }
-            for item in self.log.scan_prefix(prefix) {
-                let (key, value) = item?;
-                let (at, body) = log_record(&key, &value)?;
-                let end = (at + body.len() as u64).min(stream.log_len);
-                if at < end {
-                    self.logs
-                        .write(stream.id, at, &body[..(end - at) as usize])?;
-                }
-            }
-            for key in self.log.scan_prefix(prefix).keys() {
-                self.log.remove(key?)?;
-            }
-            self.db.flush()?;
-        }
-        // Files of removed streams (a removal stopped before its file went); none is
-        // deleted while a stream's id cannot be read.
-        let ids: Result<std::collections::HashSet<u64>> = self
-            .stream_names
-            .iter()
-            .keys()
-            .map(|key| Ok(key_parts::<1>("stream_names", &key?)?[0]))
-            .collect();
-        if let Ok(ids) = ids {
-            for id in self.logs.ids()? {
-                if !ids.contains(&id) {
-                    self.logs.remove(id)?;
-                }
-            }
-        }
-        for stream in &streams {
-            self.logs.cut(stream.id, stream.log_len)?;
-        }
-        Ok(())
-    }
-
-    /// Takes the data directory's lock file, writing our process id into it; a held lock
-    /// is an error naming the process that holds it.
-    fn lock(dir: &Path) -> Result<File> {
-        let path = dir.join("lock");
-        let io = |source| Error::Io {
-            path: path.clone(),
-            source,
-        };
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(io)?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                let mut pid = String::new();
-                let _ = file.read_to_string(&mut pid);
-                let pid = pid.trim();
-                return Err(Error::InUse {
-                    path: dir.to_path_buf(),
-                    pid: if pid.is_empty() {
-                        "unknown".into()
-                    } else {
-                        pid.into()
-                    },
-                });
-            }
-            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
-        }
-        file.set_len(0).map_err(io)?;
-        file.rewind().map_err(io)?;
-        write!(file, "{}", std::process::id()).map_err(io)?;
-        file.sync_all().map_err(io)?;
-        Ok(file)
-    }
-
+    /// The local data directory.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
+    /// Where the records are: the data directory, or the PostgreSQL server.
+    pub fn location(&self) -> String {
+        self.backend.location()
+    }
+
     /// Bytes the database takes on disk.
     pub fn size_on_disk(&self) -> Result<u64> {
-        Ok(self.db.size_on_disk()? + self.logs.size())
+        self.backend.size_on_disk()
     }
 
     /// Free space on the data directory's filesystem against the reserve writes keep.
     pub fn space(&self) -> Result<Space> {
-        self.space.measure()
+        self.backend.space()
     }
 
     /// Bytes of free space every write leaves on the data directory's filesystem
@@ -225,26 +122,22 @@ impl Store {
     /// full disk in the middle of a commit. Reads and [`Store::remove_stream`] are never
     /// refused.
     pub fn set_reserve(&self, bytes: u64) {
-        self.space.set_reserve(bytes);
+        self.backend.set_reserve(bytes);
     }
 
     /// Ok when a write of about `bytes` would leave the reserve free, else
     /// [`Error::NoSpace`]: for work that ends in a write (a memory step) to be refused
     /// before it starts.
     pub fn make_room(&self, bytes: u64) -> Result<()> {
-        self.space.make_room(bytes)
+        self.backend.make_room(bytes)
     }
 
     pub fn flush(&self) -> Result<()> {
-        self.db.flush()?;
-        Ok(())
+        self.backend.flush()
     }
 
     pub fn stream(&self, name: &str) -> Result<Option<StreamRecord>> {
-        self.streams
-            .get(name.as_bytes())?
-            .map(|v| decode("streams", name.as_bytes(), &v))
-            .transpose()
+        self.backend.stream(name)
     }
 
     /// The stream, or an error naming it.
@@ -254,7 +147,7 @@ impl Store {
     }
 
     pub fn streams(&self) -> Result<Vec<StreamRecord>> {
-        decode_all("streams", self.streams.iter())
+        self.backend.streams()
     }
 
     /// Whether `name` can name a stream: 1 to 128 characters, none a control character.
@@ -268,53 +161,15 @@ impl Store {
     /// The stream, created empty if it does not exist.
     pub fn create_stream(&self, name: &str) -> Result<StreamRecord> {
         Self::check_name(name)?;
-        if let Some(s) = self.stream(name)? {
-            return Ok(s);
-        }
-        self.space.make_room(name.len() as u64)?;
-        let record = StreamRecord {
-            id: self.db.generate_id()? + 1,
-            name: name.to_string(),
-            created: now(),
-            log_len: 0,
-        };
-        self.streams.insert(name.as_bytes(), encode(&record))?;
-        self.stream_names.insert(key1(record.id), name.as_bytes())?;
-        self.db.flush()?;
-        Ok(record)
+        self.backend.create_stream(name)
     }
 
     /// Deletes a stream with its log, chunks, memories and cursors.
     pub fn remove_stream(&self, name: &str) -> Result<()> {
-        let _turn = self.logs.appending();
-        let stream = self.require(name)?;
-        let prefix = key1(stream.id);
-        for tree in [
-            &self.log,
-            &self.sources,
-            &self.chunks,
-            &self.versions,
-            &self.cursors,
-            &self.questions,
-            &self.answers,
-            &self.segments,
-        ] {
-            for key in tree.scan_prefix(prefix).keys() {
-                tree.remove(key?)?;
-            }
-        }
-        for file in self.files()? {
-            if file.stream == name {
-                self.files.remove(file.path.as_bytes())?;
-            }
-        }
-        self.stream_names.remove(prefix)?;
-        self.streams.remove(name.as_bytes())?;
-        self.db.flush()?;
-        self.logs.remove(stream.id)
+        self.backend.remove_stream(name)
     }
 
-    /// Commit 1: appends `bytes` to the stream's log (creating the stream) and flushes.
+    /// Commit 1: appends `bytes` to the stream's log (creating the stream), durably.
     ///
     /// With a `source` name, the source's whole current content is `bytes`: only what
     /// follows the part appended before is added, when that part is unchanged (same
@@ -345,86 +200,15 @@ impl Store {
         force: bool,
         turns: Vec<(u64, u64)>,
     ) -> Result<Appended> {
-        let _turn = self.logs.appending();
-        let record = self.create_stream(stream)?;
-        let source_key = source.map(|name| source_key(record.id, name));
-        let previous: Option<SourceRecord> = match &source_key {
-            Some(key) => self
-                .sources
-                .get(key)?
-                .map(|v| decode("sources", key, &v))
-                .transpose()?,
-            None => None,
-        };
-        let (new, revision) = match &previous {
-            Some(prev) if !force => {
-                let seen = prev.bytes as usize;
-                let unchanged =
-                    bytes.len() >= seen && Sha256::digest(&bytes[..seen]).as_slice() == prev.sha256;
-                if unchanged {
-                    (&bytes[seen..], false)
-                } else {
-                    (bytes, true)
-                }
-            }
-            Some(_) => (bytes, true),
-            None => (bytes, false),
-        };
-        let mut updated = record.clone();
-        updated.log_len += new.len() as u64;
-        let source_record = source.map(|name| SourceRecord {
-            name: name.to_string(),
-            bytes: bytes.len() as u64,
-            sha256: Sha256::digest(bytes).into(),
-            revisions: previous.as_ref().map_or(0, |p| p.revisions) + u32::from(revision),
-        });
-        if new.is_empty() && source_record.as_ref() == previous.as_ref() {
-            return Ok(Appended {
-                bytes: 0,
-                revision,
-                log_len: record.log_len,
-            });
-        }
-        // Text without a source gets an empty record, so that it is not taken for the
-        // continuation of the piece before it.
-        let segment = (!new.is_empty()).then(|| {
-            let seen = bytes.len() - new.len();
-            let newlines = bytes[..seen].iter().filter(|&&b| b == b'\n').count() as u64;
-            encode(&SegmentRecord {
-                source: source.unwrap_or_default().to_string(),
-                first_line: newlines + 1,
-                turns: turns.clone(),
-            })
-        });
-        self.space
-            .make_room(new.len() as u64 + segment.as_ref().map_or(0, |s| s.len() as u64))?;
-        self.logs.write(record.id, record.log_len, new)?;
-        let outcome: std::result::Result<(), TransactionError<Error>> =
-            (&self.streams, &self.sources, &self.segments).transaction(
-                |(streams, sources, segments)| {
-                    if let Some(segment) = &segment {
-                        segments.insert(&key2(record.id, record.log_len), segment.as_slice())?;
-                    }
-                    streams.insert(stream.as_bytes(), encode(&updated))?;
-                    if let (Some(key), Some(src)) = (&source_key, &source_record) {
-                        sources.insert(key.as_slice(), encode(src))?;
-                    }
-                    Ok::<(), ConflictableTransactionError<Error>>(())
-                },
-            );
-        transaction_result(outcome)?;
-        self.db.flush()?;
-        Ok(Appended {
-            bytes: new.len() as u64,
-            revision,
-            log_len: updated.log_len,
-        })
+        Self::check_name(stream)?;
+        self.backend
+            .append_turns(stream, bytes, source, force, turns)
     }
 
     /// Commit 1 for a watched file: appends `text` to the log of `file.stream` and
-    /// records how far the file was read, in one transaction, then flushes. A rename
-    /// (`renamed_from`) moves the file's record to its new path in the same transaction;
-    /// `segment` says where in the file the text starts.
+    /// records how far the file was read, in one transaction. A rename (`renamed_from`)
+    /// moves the file's record to its new path in the same transaction; `segment` says
+    /// where in the file the text starts.
     pub fn append_file(
         &self,
         text: &[u8],
@@ -432,35 +216,8 @@ impl Store {
         renamed_from: Option<&str>,
         segment: &SegmentRecord,
     ) -> Result<Appended> {
-        let _turn = self.logs.appending();
-        let record = self.create_stream(&file.stream)?;
-        let mut updated = record.clone();
-        updated.log_len += text.len() as u64;
-        let segment = encode(segment);
-        self.space
-            .make_room(text.len() as u64 + segment.len() as u64)?;
-        self.logs.write(record.id, record.log_len, text)?;
-        let outcome: std::result::Result<(), TransactionError<Error>> =
-            (&self.streams, &self.files, &self.segments).transaction(
-                |(streams, files, segments)| {
-                    if !text.is_empty() {
-                        segments.insert(&key2(record.id, record.log_len), segment.as_slice())?;
-                        streams.insert(file.stream.as_bytes(), encode(&updated))?;
-                    }
-                    if let Some(old) = renamed_from.filter(|old| *old != file.path) {
-                        files.remove(old.as_bytes())?;
-                    }
-                    files.insert(file.path.as_bytes(), encode(file))?;
-                    Ok::<(), ConflictableTransactionError<Error>>(())
-                },
-            );
-        transaction_result(outcome)?;
-        self.db.flush()?;
-        Ok(Appended {
-            bytes: text.len() as u64,
-            revision: false,
-            log_len: updated.log_len,
-        })
+        Self::check_name(&file.stream)?;
+        self.backend.append_file(text, file, renamed_from, segment)
     }
 
     /// The provenance record of the log piece holding byte `offset` of a stream, with
@@ -470,40 +227,25 @@ impl Store {
         stream: &StreamRecord,
         offset: u64,
     ) -> Result<Option<(u64, SegmentRecord)>> {
-        let Some(item) = self
-            .segments
-            .range(key2(stream.id, 0)..=key2(stream.id, offset))
-            .next_back()
-        else {
-            return Ok(None);
-        };
-        let (key, value) = item?;
-        let [_, at] = key_parts("segments", &key)?;
-        Ok(Some((at, decode("segments", &key, &value)?)))
+        self.backend.segment_at(stream, offset)
     }
 
     /// Every watched file the database knows, by path.
     pub fn files(&self) -> Result<Vec<FileRecord>> {
-        decode_all("files", self.files.iter())
+        self.backend.files()
     }
 
     /// Bytes `[from, to)` of a stream's content log (up to its committed length).
     pub fn read_log(&self, stream: &StreamRecord, from: u64, to: u64) -> Result<Vec<u8>> {
-        self.logs.read(stream.id, from, to.min(stream.log_len))
+        self.backend.read_log(stream, from, to.min(stream.log_len))
     }
 
     pub fn cursor(&self, stream: &StreamRecord, chain: u64) -> Result<Cursor> {
-        let key = key2(stream.id, chain);
-        Ok(self
-            .cursors
-            .get(key)?
-            .map(|v| decode("cursors", &key, &v))
-            .transpose()?
-            .unwrap_or_default())
+        self.backend.cursor(stream, chain)
     }
 
     /// Commit 2: memory version `version.version`, the chunk it consumed and the advanced
-    /// cursor, in one transaction, then flushed.
+    /// cursor, in one transaction.
     pub fn commit_step(
         &self,
         stream: &StreamRecord,
@@ -512,24 +254,8 @@ impl Store {
         version: &MemoryVersion,
         cursor: &Cursor,
     ) -> Result<()> {
-        self.space
-            .make_room(version.text.len() as u64 + std::mem::size_of_val(chunk) as u64)?;
-        let outcome: std::result::Result<(), TransactionError<Error>> =
-            (&self.chunks, &self.versions, &self.cursors).transaction(
-                |(chunks, versions, cursors)| {
-                    // Chunks are shared by all chains of a stream: the general chain
-                    // defines them, question chains replay them.
-                    if chain == GENERAL {
-                        chunks.insert(&key2(stream.id, chunk.index), encode(chunk))?;
-                    }
-                    versions.insert(&key3(stream.id, chain, version.version), encode(version))?;
-                    cursors.insert(&key2(stream.id, chain), encode(cursor))?;
-                    Ok::<(), ConflictableTransactionError<Error>>(())
-                },
-            );
-        transaction_result(outcome)?;
-        self.db.flush()?;
-        Ok(())
+        self.backend
+            .commit_step(stream, chain, chunk, version, cursor)
     }
 
     /// Adds a version that consumed no chunk (an edit or a rollback); the cursor keeps its
@@ -538,22 +264,9 @@ impl Store {
         &self,
         stream: &StreamRecord,
         chain: u64,
-        mut version: MemoryVersion,
+        version: MemoryVersion,
     ) -> Result<MemoryVersion> {
-        self.space.make_room(version.text.len() as u64)?;
-        let mut cursor = self.cursor(stream, chain)?;
-        version.version = cursor.version + 1;
-        version.parent = (cursor.version > 0).then_some(cursor.version);
-        cursor.version = version.version;
-        let outcome: std::result::Result<(), TransactionError<Error>> =
-            (&self.versions, &self.cursors).transaction(|(versions, cursors)| {
-                versions.insert(&key3(stream.id, chain, version.version), encode(&version))?;
-                cursors.insert(&key2(stream.id, chain), encode(&cursor))?;
-                Ok::<(), ConflictableTransactionError<Error>>(())
-            });
-        transaction_result(outcome)?;
-        self.db.flush()?;
-        Ok(version)
+        self.backend.add_version(stream, chain, version)
     }
 
     pub fn version(
@@ -562,11 +275,7 @@ impl Store {
         chain: u64,
         version: u64,
     ) -> Result<Option<MemoryVersion>> {
-        let key = key3(stream.id, chain, version);
-        self.versions
-            .get(key)?
-            .map(|v| decode("versions", &key, &v))
-            .transpose()
+        self.backend.version(stream, chain, version)
     }
 
     /// The latest version of a chain, if any.
@@ -579,19 +288,12 @@ impl Store {
 
     /// Every version of a chain, oldest first.
     pub fn versions(&self, stream: &StreamRecord, chain: u64) -> Result<Vec<MemoryVersion>> {
-        decode_all(
-            "versions",
-            self.versions.scan_prefix(key2(stream.id, chain)),
-        )
+        self.backend.versions(stream, chain)
     }
 
     /// Chunk `index` of a stream.
     pub fn chunk(&self, stream: &StreamRecord, index: u64) -> Result<Option<ChunkRecord>> {
-        let key = key2(stream.id, index);
-        self.chunks
-            .get(key)?
-            .map(|v| decode("chunks", &key, &v))
-            .transpose()
+        self.backend.chunk(stream, index)
     }
 
     /// Versions of a chain from `first` on, oldest first, read lazily.
@@ -601,69 +303,41 @@ impl Store {
         chain: u64,
         first: u64,
     ) -> Result<impl Iterator<Item = MemoryVersion> + '_> {
-        let range = self
-            .versions
-            .range(key3(stream.id, chain, first)..key3(stream.id, chain + 1, 0));
-        Ok(range.filter_map(|item| {
-            let (k, v) = item.ok()?;
-            decode("versions", &k, &v).ok()
-        }))
+        self.backend.versions_from(stream, chain, first)
     }
 
     /// Every chunk of a stream, in order.
     pub fn chunks(&self, stream: &StreamRecord) -> Result<Vec<ChunkRecord>> {
-        decode_all("chunks", self.chunks.scan_prefix(key1(stream.id)))
+        self.backend.chunks(stream)
     }
 
     /// The memory chain of `question` on a stream, registered on first use.
     pub fn question_chain(&self, stream: &StreamRecord, question: &str) -> Result<QuestionRecord> {
-        let key = source_key(stream.id, question);
-        if let Some(v) = self.questions.get(&key)? {
-            return decode("questions", &key, &v);
-        }
-        self.space.make_room(question.len() as u64)?;
-        let chain = self.questions.scan_prefix(key1(stream.id)).count() as u64 + 1;
-        let record = QuestionRecord {
-            chain,
-            question: question.to_string(),
-        };
-        self.questions.insert(key, encode(&record))?;
-        self.db.flush()?;
-        Ok(record)
+        self.backend.question_chain(stream, question)
     }
 
     /// Stores the answer to a standing question from one memory version (again for the
     /// same question and version replaces it).
     pub fn add_answer(&self, stream: &StreamRecord, answer: &StandingAnswer) -> Result<()> {
-        let chain = self.question_chain(stream, &answer.question)?.chain;
-        let key = key3(stream.id, answer.version, chain);
-        self.space.make_room(answer.answer.len() as u64)?;
-        self.answers.insert(key, encode(answer))?;
-        self.db.flush()?;
-        Ok(())
+        self.backend.add_answer(stream, answer)
     }
 
     /// A stream's standing answers, by memory version, then by question.
     pub fn answers(&self, stream: &StreamRecord) -> Result<Vec<StandingAnswer>> {
-        decode_all("answers", self.answers.scan_prefix(key1(stream.id)))
+        self.backend.answers(stream)
     }
 
     /// The questions of a stream with their chains.
     pub fn questions(&self, stream: &StreamRecord) -> Result<Vec<QuestionRecord>> {
-        decode_all("questions", self.questions.scan_prefix(key1(stream.id)))
+        self.backend.questions(stream)
     }
 
     /// Raw access for tests of corruption handling: overwrites one record's bytes.
     #[doc(hidden)]
     pub fn raw_insert(&self, tree: &str, key: &[u8], value: &[u8]) -> Result<()> {
-        self.db.open_tree(tree)?.insert(key, value)?;
-        self.db.flush()?;
-        Ok(())
+        self.backend.raw_insert(tree, key, value)
     }
-}
 
-/// Key of a source record: stream id, then the sha256 of the source's name.
-impl Store {
     /// The general memory version whose step read byte `offset` of the stream's log.
     pub fn version_reading(&self, stream: &StreamRecord, offset: u64) -> Result<Option<u64>> {
         let cursor = self.cursor(stream, GENERAL)?;
@@ -688,48 +362,66 @@ impl Store {
     }
 }
 
-fn source_key(stream: u64, name: &str) -> Vec<u8> {
-    let mut key = key1(stream).to_vec();
-    key.extend_from_slice(&Sha256::digest(name.as_bytes()));
-    key
+/// What an append of a source's current content adds, from what was appended of it
+/// before (see [`Store::append_turns`]).
+pub(crate) struct Plan<'b> {
+    /// The bytes to add to the log.
+    pub new: &'b [u8],
+    /// The source is appended whole again.
+    pub revision: bool,
+    /// The source's record after the append.
+    pub source: Option<SourceRecord>,
+    /// Where the new bytes came from; `None` when there are none.
+    pub segment: Option<SegmentRecord>,
+    /// Nothing to write: no new bytes and the same source record.
+    pub unchanged: bool,
 }
 
-/// Decodes every record an iteration of `tree` yields.
-fn decode_all<T: serde::de::DeserializeOwned>(
-    tree: &'static str,
-    iter: sled::Iter,
-) -> Result<Vec<T>> {
-    iter.map(|item| {
-        let (k, v) = item?;
-        decode(tree, &k, &v)
-    })
-    .collect()
-}
-
-fn transaction_result(outcome: std::result::Result<(), TransactionError<Error>>) -> Result<()> {
-    match outcome {
-        Ok(()) => Ok(()),
-        Err(TransactionError::Abort(e)) => Err(e),
-        Err(TransactionError::Storage(e)) => Err(e.into()),
-    }
-}
-
-/// The offset and text of a content log record kept in the database by an older memctl
-/// (format byte, then the text).
-fn log_record<'v>(key: &[u8], value: &'v [u8]) -> Result<(u64, &'v [u8])> {
-    let [_, at] = key_parts("log", key)?;
-    match value.split_first() {
-        Some((&codec::FORMAT, body)) => Ok((at, body)),
-        Some((&v, _)) => Err(Error::UnknownFormat {
-            tree: "log",
-            key: show_key(key),
-            version: v,
-        }),
-        None => Err(Error::Corrupt {
-            tree: "log",
-            key: show_key(key),
-            reason: "empty value".to_string(),
-        }),
+pub(crate) fn plan_append<'b>(
+    bytes: &'b [u8],
+    source: Option<&str>,
+    previous: Option<&SourceRecord>,
+    force: bool,
+    turns: Vec<(u64, u64)>,
+) -> Plan<'b> {
+    let (new, revision) = match previous {
+        Some(prev) if !force => {
+            let seen = prev.bytes as usize;
+            let unchanged =
+                bytes.len() >= seen && Sha256::digest(&bytes[..seen]).as_slice() == prev.sha256;
+            if unchanged {
+                (&bytes[seen..], false)
+            } else {
+                (bytes, true)
+            }
+        }
+        Some(_) => (bytes, true),
+        None => (bytes, false),
+    };
+    let source_record = source.map(|name| SourceRecord {
+        name: name.to_string(),
+        bytes: bytes.len() as u64,
+        sha256: Sha256::digest(bytes).into(),
+        revisions: previous.map_or(0, |p| p.revisions) + u32::from(revision),
+    });
+    let unchanged = new.is_empty() && source_record.as_ref() == previous;
+    // Text without a source gets an empty record, so that it is not taken for the
+    // continuation of the piece before it.
+    let segment = (!new.is_empty()).then(|| {
+        let seen = bytes.len() - new.len();
+        let newlines = bytes[..seen].iter().filter(|&&b| b == b'\n').count() as u64;
+        SegmentRecord {
+            source: source.unwrap_or_default().to_string(),
+            first_line: newlines + 1,
+            turns,
+        }
+    });
+    Plan {
+        new,
+        revision,
+        source: source_record,
+        segment,
+        unchanged,
     }
 }
 

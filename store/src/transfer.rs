@@ -5,7 +5,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::codec::{decode, encode, key1, key2, key3, key_parts};
 use crate::records::{
     ChunkRecord, Cursor, MemoryVersion, QuestionRecord, SegmentRecord, SourceRecord, StandingAnswer,
 };
@@ -57,7 +56,6 @@ impl Store {
     /// Every record of a stream, in export order.
     pub fn export(&self, name: &str) -> Result<Vec<ExportRecord>> {
         let stream = self.require(name)?;
-        let prefix = key1(stream.id);
         let mut out = vec![ExportRecord::Stream {
             format: EXPORT_FORMAT,
             name: stream.name.clone(),
@@ -80,41 +78,38 @@ impl Store {
             out.push(ExportRecord::Log { offset, text });
             offset += len;
         }
-        for item in self.sources.scan_prefix(prefix) {
-            let (k, v) = item?;
-            out.push(ExportRecord::Source(decode("sources", &k, &v)?));
-        }
-        for chunk in self.chunks(&stream)? {
-            out.push(ExportRecord::Chunk(chunk));
-        }
-        for item in self.versions.scan_prefix(prefix) {
-            let (k, v) = item?;
-            let [_, chain, _] = key_parts("versions", &k)?;
-            out.push(ExportRecord::Version {
-                chain,
-                version: decode("versions", &k, &v)?,
-            });
-        }
-        for item in self.cursors.scan_prefix(prefix) {
-            let (k, v) = item?;
-            out.push(ExportRecord::Cursor {
-                chain: key_parts::<2>("cursors", &k)?[1],
-                cursor: decode("cursors", &k, &v)?,
-            });
-        }
-        for item in self.segments.scan_prefix(prefix) {
-            let (k, v) = item?;
-            out.push(ExportRecord::Segment {
-                offset: key_parts::<2>("segments", &k)?[1],
-                segment: decode("segments", &k, &v)?,
-            });
-        }
-        for question in self.questions(&stream)? {
-            out.push(ExportRecord::Question(question));
-        }
-        for answer in self.answers(&stream)? {
-            out.push(ExportRecord::Answer(answer));
-        }
+        let backend = &self.backend;
+        out.extend(
+            backend
+                .sources(&stream)?
+                .into_iter()
+                .map(ExportRecord::Source),
+        );
+        out.extend(self.chunks(&stream)?.into_iter().map(ExportRecord::Chunk));
+        out.extend(
+            backend
+                .all_versions(&stream)?
+                .into_iter()
+                .map(|(chain, version)| ExportRecord::Version { chain, version }),
+        );
+        out.extend(
+            backend
+                .cursors(&stream)?
+                .into_iter()
+                .map(|(chain, cursor)| ExportRecord::Cursor { chain, cursor }),
+        );
+        out.extend(
+            backend
+                .segments(&stream)?
+                .into_iter()
+                .map(|(offset, segment)| ExportRecord::Segment { offset, segment }),
+        );
+        out.extend(
+            self.questions(&stream)?
+                .into_iter()
+                .map(ExportRecord::Question),
+        );
+        out.extend(self.answers(&stream)?.into_iter().map(ExportRecord::Answer));
         Ok(out)
     }
 
@@ -136,6 +131,7 @@ impl Store {
                 "export format {format} is not supported (this memctl reads {EXPORT_FORMAT})"
             )));
         }
+        check(&records[1..])?;
         let name = rename.unwrap_or(name);
         if self.stream(name)?.is_some() {
             return Err(Error::Import(format!(
@@ -143,91 +139,63 @@ impl Store {
             )));
         }
         let stream = self.create_stream(name)?;
-        let result = self.import_into(&stream, *created, &records[1..]);
+        let result = self.backend.restore(&stream, *created, &records[1..]);
         if result.is_err() {
             let _ = self.remove_stream(name);
         }
         result
     }
+}
 
-    fn import_into(
-        &self,
-        stream: &StreamRecord,
-        created: u64,
-        records: &[ExportRecord],
-    ) -> Result<StreamRecord> {
-        let _turn = self.logs.appending();
-        let mut log_len = 0u64;
-        for (line, record) in records.iter().enumerate() {
-            let line = line + 2;
-            match record {
-                ExportRecord::Stream { .. } => {
+/// Checks an export's records after the stream's: no second stream record, log pieces
+/// that follow each other from 0, each answer after its question. Errors name the line.
+fn check(records: &[ExportRecord]) -> Result<()> {
+    let mut log_len = 0u64;
+    for (line, record) in records.iter().enumerate() {
+        let line = line + 2;
+        match record {
+            ExportRecord::Stream { .. } => {
+                return Err(Error::Import(format!(
+                    "line {line}: a second stream record"
+                )))
+            }
+            ExportRecord::Log { offset, text } => {
+                if *offset != log_len {
                     return Err(Error::Import(format!(
-                        "line {line}: a second stream record"
-                    )))
+                        "line {line}: log segment at {offset}, expected {log_len}"
+                    )));
                 }
-                ExportRecord::Log { offset, text } => {
-                    if *offset != log_len {
-                        return Err(Error::Import(format!(
-                            "line {line}: log segment at {offset}, expected {log_len}"
-                        )));
-                    }
-                    self.logs.write(stream.id, *offset, text.as_bytes())?;
-                    log_len += text.len() as u64;
-                }
-                ExportRecord::Source(source) => {
-                    self.sources
-                        .insert(crate::source_key(stream.id, &source.name), encode(source))?;
-                }
-                ExportRecord::Chunk(chunk) => {
-                    self.chunks
-                        .insert(key2(stream.id, chunk.index), encode(chunk))?;
-                }
-                ExportRecord::Version { chain, version } => {
-                    self.versions
-                        .insert(key3(stream.id, *chain, version.version), encode(version))?;
-                }
-                ExportRecord::Cursor { chain, cursor } => {
-                    self.cursors
-                        .insert(key2(stream.id, *chain), encode(cursor))?;
-                }
-                ExportRecord::Segment { offset, segment } => {
-                    self.segments
-                        .insert(key2(stream.id, *offset), encode(segment))?;
-                }
-                ExportRecord::Question(question) => {
-                    self.questions.insert(
-                        crate::source_key(stream.id, &question.question),
-                        encode(question),
-                    )?;
-                }
-                ExportRecord::Answer(answer) => {
-                    // After its question, whose chain keys it.
-                    let Some(question) = records[..line - 2].iter().find_map(|r| match r {
-                        ExportRecord::Question(q) if q.question == answer.question => Some(q),
-                        _ => None,
-                    }) else {
-                        return Err(Error::Import(format!(
-                            "line {line}: an answer to a question not exported before it: {:?}",
-                            answer.question
-                        )));
-                    };
-                    self.answers.insert(
-                        key3(stream.id, answer.version, question.chain),
-                        encode(answer),
-                    )?;
+                log_len += text.len() as u64;
+            }
+            ExportRecord::Answer(answer) => {
+                let asked = records[..line - 2].iter().any(
+                    |r| matches!(r, ExportRecord::Question(q) if q.question == answer.question),
+                );
+                if !asked {
+                    return Err(Error::Import(format!(
+                        "line {line}: an answer to a question not exported before it: {:?}",
+                        answer.question
+                    )));
                 }
             }
+            _ => {}
         }
-        let record = StreamRecord {
-            id: stream.id,
-            name: stream.name.clone(),
-            created,
-            log_len,
-        };
-        self.streams
-            .insert(stream.name.as_bytes(), encode(&record))?;
-        self.flush()?;
-        Ok(record)
     }
+    Ok(())
+}
+
+/// The chain of the standing question `question` among an export's records (checked to
+/// come before its answers).
+pub(crate) fn chain_of(records: &[ExportRecord], question: &str) -> Result<u64> {
+    records
+        .iter()
+        .find_map(|r| match r {
+            ExportRecord::Question(q) if q.question == question => Some(q.chain),
+            _ => None,
+        })
+        .ok_or_else(|| {
+            Error::Import(format!(
+                "an answer to a question not exported: {question:?}"
+            ))
+        })
 }

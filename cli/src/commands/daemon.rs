@@ -63,8 +63,7 @@ pub fn run(global: &Settings, args: &DaemonRunArgs) -> Result<()> {
              restart; the API serves meanwhile"
         );
     }
-    let store = Arc::new(Store::open(&dir)?);
-    store.set_reserve(global.reserve()?);
+    let store = Arc::new(global.open_store()?);
     // The indexer thread catches the index up once the daemon runs.
     let recall = Arc::new(super::recall::open_recall_only(global, &store)?);
 

@@ -17,22 +17,21 @@ impl Db {
     pub fn open(global: &Settings) -> Result<Self> {
         let dir = global.data_dir()?;
         tracing::debug!("data directory {}", dir.display());
-        match Store::open(&dir) {
-            Ok(store) => {
-                store.set_reserve(global.reserve()?);
-                Ok(Self::Local(store))
-            }
-            Err(e @ memagent_store::Error::InUse { .. }) => match DaemonClient::connect(&dir) {
-                Some(client) => {
-                    tracing::debug!(
-                        "the daemon holds the database; using {}",
-                        client.socket().display()
-                    );
-                    Ok(Self::Daemon(client))
+        match global.open_store() {
+            Ok(store) => Ok(Self::Local(store)),
+            Err(e) if matches!(e.downcast_ref(), Some(memagent_store::Error::InUse { .. })) => {
+                match DaemonClient::connect(&dir) {
+                    Some(client) => {
+                        tracing::debug!(
+                            "the daemon holds the database; using {}",
+                            client.socket().display()
+                        );
+                        Ok(Self::Daemon(client))
+                    }
+                    None => Err(e),
                 }
-                None => Err(e.into()),
-            },
-            Err(e) => Err(e.into()),
+            }
+            Err(e) => Err(e),
         }
     }
 

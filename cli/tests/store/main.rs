@@ -1,5 +1,5 @@
-//! Persistent streams with real `memctl` processes, a real sled database on disk and the
-//! real default model.
+//! Persistent streams with real `memctl` processes, a real sled database on disk (and a
+//! real PostgreSQL server, see `postgres`) and the real default model.
 
 #[path = "../support/clients.rs"]
 mod clients;
@@ -7,6 +7,7 @@ mod commands;
 mod crash;
 mod general;
 mod mcp;
+mod postgres;
 mod ruler;
 mod search;
 
@@ -41,6 +42,7 @@ pub fn memctl(dir: &std::path::Path, args: &[&str]) -> Command {
         .env_remove("MEMAGENT_MODEL")
         .env_remove("MEMAGENT_DATA_DIR")
         .env_remove("MEMAGENT_CONFIG")
+        .env_remove("MEMAGENT_DATABASE")
         // No configuration file: the default location is empty.
         .env("XDG_CONFIG_HOME", "/nonexistent/memagent-test-config");
     cmd

@@ -1,0 +1,359 @@
+//! The store's behaviour on both backends: the embedded sled database on disk and a real
+//! PostgreSQL server (a throwaway one `scripts/test` starts, or `MEMAGENT_TEST_DATABASE`).
+//! Each behaviour is one function run on each; a stream exported from one imports into
+//! the other and exports again line for line.
+
+use std::path::PathBuf;
+
+use memagent_store::{
+    Author, ChunkRecord, Cursor, ExportRecord, FileRecord, MemoryVersion, SegmentRecord,
+    StandingAnswer, Store, GENERAL,
+};
+
+mod support;
+
+use support::{fresh_database, person_version};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("memagent-backends-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn sled(name: &str) -> Store {
+    Store::open(&scratch(&format!("sled-{name}"))).unwrap()
+}
+
+fn postgres(name: &str) -> Store {
+    let url = fresh_database(name);
+    Store::open_with(&scratch(&format!("pg-{name}")), Some(&url)).unwrap()
+}
+
+/// Runs `check` on a fresh store of each backend.
+fn on_both(name: &str, check: impl Fn(&Store)) {
+    check(&sled(name));
+    check(&postgres(name));
+}
+
+fn model_version(version: u64, chunk: u64, text: &str) -> MemoryVersion {
+    MemoryVersion {
+        version,
+        parent: version.checked_sub(1).filter(|&p| p > 0),
+        text: text.to_string(),
+        tokens: 7,
+        chunk: Some(chunk),
+        model: "SmolLM2-135M-Instruct.Q4_1.gguf".to_string(),
+        model_sha256: "ab".repeat(32),
+        template_id: "memagent-general".to_string(),
+        template_version: 2,
+        created: 1_768_467_600 + version,
+        prompt_tokens: 300,
+        completion_tokens: 40,
+        seconds: 0.1 + version as f64 / 3.0,
+        cut: version.is_multiple_of(2),
+        author: Author::Model,
+    }
+}
+
+fn chunk(index: u64, start: u64, end: u64) -> ChunkRecord {
+    ChunkRecord {
+        index,
+        start,
+        end,
+        tokens: (end - start) as u32 / 4,
+        sha256: [index as u8; 32],
+    }
+}
+
+fn export_lines(store: &Store, name: &str) -> Vec<String> {
+    store
+        .export(name)
+        .unwrap()
+        .iter()
+        .map(|r| serde_json::to_string(r).unwrap())
+        .collect()
+}
+
+#[test]
+fn appends_are_deduplicated_per_source_and_read_back_in_any_range() {
+    on_both("append", |store| {
+        let a = store.append("notes", b"one\n", Some("/tmp/a.txt")).unwrap();
+        assert_eq!((a.bytes, a.revision), (4, false));
+        let b = store
+            .append("notes", b"one\ntwo\n", Some("/tmp/a.txt"))
+            .unwrap();
+        assert_eq!((b.bytes, b.revision), (4, false), "only the new bytes");
+        assert_eq!(
+            store
+                .append("notes", b"one\ntwo\n", Some("/tmp/a.txt"))
+                .unwrap()
+                .bytes,
+            0
+        );
+        let d = store.append("notes", b"ONE\n", Some("/tmp/a.txt")).unwrap();
+        assert_eq!((d.bytes, d.revision), (4, true), "a rewritten source");
+        let e = store
+            .append_with("notes", b"ONE\n", Some("/tmp/a.txt"), true)
+            .unwrap();
+        assert_eq!((e.bytes, e.log_len), (4, 16), "forced");
+        let s = store.require("notes").unwrap();
+        assert_eq!(s.log_len, 16);
+        assert_eq!(store.read_log(&s, 0, 99).unwrap(), b"one\ntwo\nONE\nONE\n");
+        assert_eq!(store.read_log(&s, 2, 9).unwrap(), b"e\ntwo\nO");
+        // The second append's provenance: the file's second line.
+        let (at, segment) = store.segment_at(&s, 5).unwrap().unwrap();
+        assert_eq!((at, segment.first_line), (4, 2));
+        assert_eq!(segment.source, "/tmp/a.txt");
+        assert!(matches!(
+            store.append("", b"x", None),
+            Err(memagent_store::Error::BadName(_))
+        ));
+    });
+}
+
+#[test]
+fn a_long_append_reads_back_byte_for_byte_in_any_range() {
+    on_both("long", |store| {
+        // Over two PostgreSQL rows' worth, not a multiple of anything.
+        let text: Vec<u8> = (0..2_500_003u32)
+            .map(|i| b'a' + (i * 7 % 26) as u8)
+            .collect();
+        store.append("big", &text[..1_000_000], None).unwrap();
+        store.append("big", &text[1_000_000..], None).unwrap();
+        let s = store.require("big").unwrap();
+        assert_eq!(s.log_len, text.len() as u64);
+        for (from, to) in [
+            (0, text.len()),
+            (999_990, 1_000_010),
+            (1_048_570, 2_100_000),
+            (2_500_000, 2_500_003),
+            (17, 18),
+        ] {
+            let read = store.read_log(&s, from as u64, to as u64).unwrap();
+            assert!(read == text[from..to], "bytes {from}..{to}");
+        }
+    });
+}
+
+#[test]
+fn a_memory_step_commits_its_version_chunk_and_cursor_together() {
+    on_both("steps", |store| {
+        store.append("s", &[b'x'; 300], None).unwrap();
+        let s = store.require("s").unwrap();
+        assert_eq!(store.cursor(&s, GENERAL).unwrap(), Cursor::default());
+        for i in 0..3u64 {
+            let cursor = Cursor {
+                next_chunk: i + 1,
+                offset: (i + 1) * 100,
+                version: i + 1,
+            };
+            let v = model_version(i + 1, i, &format!("memory {i}"));
+            store
+                .commit_step(&s, GENERAL, &chunk(i, i * 100, (i + 1) * 100), &v, &cursor)
+                .unwrap();
+        }
+        assert_eq!(store.cursor(&s, GENERAL).unwrap().offset, 300);
+        let versions = store.versions(&s, GENERAL).unwrap();
+        assert_eq!(versions.len(), 3);
+        assert_eq!(versions[2], model_version(3, 2, "memory 2"));
+        assert_eq!(store.latest(&s, GENERAL).unwrap().unwrap().text, "memory 2");
+        assert_eq!(store.chunks(&s).unwrap()[1], chunk(1, 100, 200));
+        assert_eq!(store.version_reading(&s, 150).unwrap(), Some(2));
+        assert_eq!(store.version_reading(&s, 300).unwrap(), None);
+        let from: Vec<u64> = store
+            .versions_from(&s, GENERAL, 2)
+            .unwrap()
+            .map(|v| v.version)
+            .collect();
+        assert_eq!(from, [2, 3]);
+        // An edit goes after the latest and keeps the cursor's place.
+        let edit = store
+            .add_version(&s, GENERAL, person_version("edited"))
+            .unwrap();
+        assert_eq!((edit.version, edit.parent), (4, Some(3)));
+        assert_eq!(store.cursor(&s, GENERAL).unwrap().offset, 300);
+        // A question chain has its own versions and cursor.
+        let q = store.question_chain(&s, "Where is the key?").unwrap();
+        assert_eq!(q.chain, 1);
+        assert_eq!(store.question_chain(&s, "Where is the key?").unwrap(), q);
+        assert_eq!(store.question_chain(&s, "Who called?").unwrap().chain, 2);
+        assert!(store.versions(&s, q.chain).unwrap().is_empty());
+    });
+}
+
+#[test]
+fn a_watched_file_is_recorded_with_its_text_and_moves_when_renamed() {
+    on_both("files", |store| {
+        let mut file = FileRecord {
+            path: "/watched/a.log".to_string(),
+            stream: "watched".to_string(),
+            dev: u64::MAX - 3,
+            ino: 42,
+            offset: 6,
+            sha256: [9; 32],
+            lines: 1,
+            revisions: 0,
+        };
+        let segment = SegmentRecord {
+            source: file.path.clone(),
+            first_line: 1,
+            turns: vec![(0, 1), (3, 2)],
+        };
+        store
+            .append_file(b"hello\n", &file, None, &segment)
+            .unwrap();
+        file.path = "/watched/b.log".to_string();
+        store
+            .append_file(b"", &file, Some("/watched/a.log"), &segment)
+            .unwrap();
+        assert_eq!(
+            store.files().unwrap(),
+            [file.clone()],
+            "the rename moved it"
+        );
+        let s = store.require("watched").unwrap();
+        assert_eq!(store.read_log(&s, 0, 6).unwrap(), b"hello\n");
+        assert_eq!(store.segment_at(&s, 3).unwrap(), Some((0, segment)));
+        store.remove_stream("watched").unwrap();
+        assert!(store.files().unwrap().is_empty());
+        assert!(store.stream("watched").unwrap().is_none());
+        assert!(matches!(
+            store.remove_stream("watched"),
+            Err(memagent_store::Error::NoStream(_))
+        ));
+    });
+}
+
+/// A stream with a record of every kind.
+fn full_stream(store: &Store, name: &str) {
+    let text = "[2026-01-15 09:00] user (Ana): I moved to Porto. Ação!\n".repeat(3);
+    store
+        .append_turns(
+            name,
+            text.as_bytes(),
+            Some("/logs/chat.jsonl"),
+            false,
+            vec![(0, 3), (57, 4)],
+        )
+        .unwrap();
+    store
+        .append(name, b"a note without a source\n", None)
+        .unwrap();
+    let s = store.require(name).unwrap();
+    let v = model_version(1, 0, "Ana lives in Porto.");
+    let cursor = Cursor {
+        next_chunk: 1,
+        offset: 100,
+        version: 1,
+    };
+    store
+        .commit_step(&s, GENERAL, &chunk(0, 0, 100), &v, &cursor)
+        .unwrap();
+    store
+        .add_version(&s, GENERAL, person_version("Ana lives in Porto (checked)."))
+        .unwrap();
+    let q = store.question_chain(&s, "Where does Ana live?").unwrap();
+    store
+        .commit_step(
+            &s,
+            q.chain,
+            &chunk(0, 0, 100),
+            &model_version(1, 0, "Porto"),
+            &cursor,
+        )
+        .unwrap();
+    store
+        .add_answer(
+            &s,
+            &StandingAnswer {
+                question: "Where does Ana live?".to_string(),
+                version: 1,
+                answer: "Porto".to_string(),
+                created: 1_768_467_600,
+                seconds: 0.25,
+            },
+        )
+        .unwrap();
+}
+
+#[test]
+fn an_export_moves_a_stream_between_backends_line_for_line() {
+    let (embedded, server) = (sled("move"), postgres("move"));
+    full_stream(&embedded, "chat");
+    full_stream(&server, "chat");
+    // The same appends and steps give the same export on either backend.
+    let from_sled = export_lines(&embedded, "chat");
+    assert_eq!(export_lines(&server, "chat")[1..], from_sled[1..]);
+    // sled → PostgreSQL → sled.
+    let records: Vec<ExportRecord> = from_sled
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    server.import(&records, Some("moved")).unwrap();
+    let through_server = export_lines(&server, "moved");
+    assert_eq!(through_server[1..], from_sled[1..]);
+    let back: Vec<ExportRecord> = through_server
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    embedded.import(&back, Some("back")).unwrap();
+    assert_eq!(export_lines(&embedded, "back")[1..], from_sled[1..]);
+    let moved = server.require("moved").unwrap();
+    let original = embedded.require("chat").unwrap();
+    assert_eq!(
+        server.read_log(&moved, 0, moved.log_len).unwrap(),
+        embedded.read_log(&original, 0, original.log_len).unwrap()
+    );
+    // An import that fails leaves nothing behind, on either.
+    let mut broken = records.clone();
+    broken.push(ExportRecord::Log {
+        offset: 1,
+        text: "out of place".to_string(),
+    });
+    for store in [&embedded, &server] {
+        let err = store.import(&broken, Some("broken")).unwrap_err();
+        assert!(err.to_string().contains("expected"), "{err}");
+        assert!(store.stream("broken").unwrap().is_none());
+    }
+}
+
+#[test]
+fn streams_are_listed_by_name_and_removed_with_everything_they_have() {
+    on_both("remove", |store| {
+        full_stream(store, "b-chat");
+        full_stream(store, "a-chat");
+        let names: Vec<String> = store
+            .streams()
+            .unwrap()
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(names, ["a-chat", "b-chat"]);
+        let a = store.require("a-chat").unwrap();
+        store.remove_stream("a-chat").unwrap();
+        assert!(store.stream("a-chat").unwrap().is_none());
+        assert!(store.versions(&a, GENERAL).unwrap().is_empty());
+        assert!(store.answers(&a).unwrap().is_empty());
+        assert!(store.chunks(&a).unwrap().is_empty());
+        // A new stream of the same name starts empty.
+        let again = store.create_stream("a-chat").unwrap();
+        assert_eq!(again.log_len, 0);
+        assert!(store.questions(&again).unwrap().is_empty());
+        assert_eq!(store.streams().unwrap().len(), 2);
+    });
+}
+
+#[test]
+fn a_server_that_cannot_be_reached_is_an_error_naming_it() {
+    let dir = scratch("unreachable");
+    // Port 1 on loopback: nothing listens there.
+    let err = Store::open_with(&dir, Some("postgres://memagent@127.0.0.1:1/memagent"))
+        .err()
+        .expect("no server");
+    let text = err.to_string();
+    assert!(text.contains("127.0.0.1:1"), "{text}");
+    let err = Store::open_with(&dir, Some("postgres://memagent@127.0.0.1:notaport/x"))
+        .err()
+        .expect("a bad URL");
+    assert!(err.to_string().contains("URL"), "{err}");
+}
