@@ -367,7 +367,7 @@ const RESTATING: &[&str] = &[
 
 /// `answer` without the words it opens with that repeat `question` ("What does Ana say
 /// running has been great for?" → "Ana says running has been great for her mental
-/// health" → "Her mental health"): an answer is the name, date or phrase asked for.
+/// health" → "her mental health"): an answer is the name, date or phrase asked for.
 /// Each leading word whose stem the question holds, or that is a form of "be", "do",
 /// "have" or "get", is cut; the answer stays whole when nothing would be left.
 pub fn without_restatement(question: &str, answer: &str) -> String {
@@ -383,14 +383,11 @@ pub fn without_restatement(question: &str, answer: &str) -> String {
         .skip_while(|w| repeats(w))
         .collect::<Vec<_>>()
         .join(" ");
-    if rest.is_empty() || rest.len() == answer.trim().len() {
-        return answer.to_string();
+    // As written: a code or a name keeps its case ("pinecone42", not "Pinecone42").
+    match rest.is_empty() {
+        true => answer.to_string(),
+        false => rest,
     }
-    let mut chars = rest.chars();
-    chars
-        .next()
-        .map(|first| first.to_uppercase().chain(chars).collect())
-        .unwrap_or_default()
 }
 
 /// Whether an answer says the passage (or the stream) does not tell.
@@ -543,21 +540,21 @@ mod tests {
                 "What does Ana say running has been great for?",
                 "Ana says running has been great for her mental health."
             ),
-            "Her mental health."
+            "her mental health."
         );
         assert_eq!(
             cut(
                 "What did Kofi recently get promoted to?",
                 "Kofi recently got promoted to assistant manager"
             ),
-            "Assistant manager"
+            "assistant manager"
         );
         // An answer that opens with what is asked for, or is nothing but the
         // question's words, stays whole.
         assert_eq!(cut("What country is Ana from?", "Sweden"), "Sweden");
         assert_eq!(
             cut("Where does Ravi live?", "Ravi lives in Graz."),
-            "In Graz."
+            "in Graz."
         );
         assert_eq!(
             cut("Is Ravi married?", "Ravi is married."),
