@@ -4,8 +4,8 @@
 //! chunk and cursor are committed together, and a failed write leaves nothing half done.
 
 use crate::records::{
-    ChunkRecord, Cursor, FileRecord, MemoryVersion, QuestionRecord, SegmentRecord, SourceRecord,
-    StandingAnswer, StreamRecord,
+    ChunkRecord, Cursor, FileRecord, Lease, MemoryVersion, QuestionRecord, SegmentRecord,
+    SourceRecord, StandingAnswer, StreamRecord,
 };
 use crate::{Appended, ExportRecord, Result, Space};
 
@@ -56,7 +56,8 @@ pub trait Backend: Send + Sync {
     fn read_log(&self, stream: &StreamRecord, from: u64, to: u64) -> Result<Vec<u8>>;
 
     fn cursor(&self, stream: &StreamRecord, chain: u64) -> Result<Cursor>;
-    /// Commit 2 (see [`crate::Store::commit_step`]).
+    /// Commit 2 (see [`crate::Store::commit_step`]); under `lease`, refused with
+    /// `Error::Fenced` unless the lease is still its owner's, unexpired, at its epoch.
     fn commit_step(
         &self,
         stream: &StreamRecord,
@@ -64,7 +65,18 @@ pub trait Backend: Send + Sync {
         chunk: &ChunkRecord,
         version: &MemoryVersion,
         cursor: &Cursor,
+        lease: Option<&Lease>,
     ) -> Result<()>;
+
+    /// Leases for `owner` on up to `max` streams with text their general memory has not
+    /// read, free or expired, each for `ttl_ms` (see [`crate::Store::take_leases`]).
+    fn take_leases(&self, owner: &str, max: usize, ttl_ms: u64) -> Result<Vec<Lease>>;
+    /// The lease again for `ttl_ms` more, when it is still its owner's at its epoch.
+    fn renew_lease(&self, lease: &Lease, ttl_ms: u64) -> Result<Option<Lease>>;
+    /// Gives the lease up (nothing when it is no longer its owner's).
+    fn release_lease(&self, lease: &Lease) -> Result<()>;
+    /// Every lease, with the database's clock now (ms), for status.
+    fn leases(&self) -> Result<(Vec<Lease>, u64)>;
     /// A version that consumed no chunk, numbered after the chain's latest.
     fn add_version(
         &self,

@@ -13,8 +13,8 @@ use sled::{Transactional, Tree};
 use crate::backend::Backend;
 use crate::codec::{self, decode, encode, key1, key2, key3, key_parts, show_key};
 use crate::records::{
-    ChunkRecord, Cursor, FileRecord, MemoryVersion, QuestionRecord, SegmentRecord, SourceRecord,
-    StandingAnswer, StreamRecord, GENERAL,
+    ChunkRecord, Cursor, FileRecord, Lease, MemoryVersion, QuestionRecord, SegmentRecord,
+    SourceRecord, StandingAnswer, StreamRecord, GENERAL,
 };
 use crate::{logs, now, space, Appended, Error, ExportRecord, Result, Space};
 
@@ -410,6 +410,8 @@ impl Backend for SledStore {
         chunk: &ChunkRecord,
         version: &MemoryVersion,
         cursor: &Cursor,
+        // One process holds the database (its lock file): its leases never end.
+        _lease: Option<&Lease>,
     ) -> Result<()> {
         self.space
             .make_room(version.text.len() as u64 + std::mem::size_of_val(chunk) as u64)?;
@@ -637,6 +639,36 @@ impl Backend for SledStore {
             .insert(stream.name.as_bytes(), encode(&record))?;
         self.flush()?;
         Ok(record)
+    }
+
+    fn take_leases(&self, owner: &str, max: usize, _ttl_ms: u64) -> Result<Vec<Lease>> {
+        let mut out = Vec::new();
+        for stream in self.streams()? {
+            if out.len() == max {
+                break;
+            }
+            if self.cursor(&stream, GENERAL)?.offset < stream.log_len {
+                out.push(Lease {
+                    stream: stream.id,
+                    owner: owner.to_string(),
+                    epoch: 0,
+                    expires_ms: u64::MAX,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    fn renew_lease(&self, lease: &Lease, _ttl_ms: u64) -> Result<Option<Lease>> {
+        Ok(Some(lease.clone()))
+    }
+
+    fn release_lease(&self, _lease: &Lease) -> Result<()> {
+        Ok(())
+    }
+
+    fn leases(&self) -> Result<(Vec<Lease>, u64)> {
+        Ok((Vec::new(), crate::now() * 1000))
     }
 
     fn raw_insert(&self, tree: &str, key: &[u8], value: &[u8]) -> Result<()> {

@@ -52,6 +52,17 @@ pub enum Error {
     Disk(std::io::Error),
     #[error("database: {0}")]
     Sled(sled::Error),
+    /// A memory step's commit under a lease that is no longer its owner's: it expired,
+    /// or another daemon took the stream over. Nothing was written.
+    #[error(
+        "stream {stream}: the lease of `{owner}` (epoch {epoch}) expired or was taken \
+         over; the step was not committed"
+    )]
+    Fenced {
+        stream: u64,
+        owner: String,
+        epoch: u64,
+    },
     /// PostgreSQL could not be reached or configured (the message names the server).
     #[error("PostgreSQL: {0}")]
     Database(String),

@@ -38,7 +38,7 @@ pub use backend::Backend;
 pub use codec::show_key;
 pub use error::{Error, Result};
 pub use records::{
-    Author, ChunkRecord, Cursor, FileRecord, MemoryVersion, QuestionRecord, SegmentRecord,
+    Author, ChunkRecord, Cursor, FileRecord, Lease, MemoryVersion, QuestionRecord, SegmentRecord,
     SourceRecord, StandingAnswer, StreamRecord, GENERAL,
 };
 pub use space::{Space, DEFAULT_RESERVE};
@@ -255,7 +255,49 @@ impl Store {
         cursor: &Cursor,
     ) -> Result<()> {
         self.backend
-            .commit_step(stream, chain, chunk, version, cursor)
+            .commit_step(stream, chain, chunk, version, cursor, None)
+    }
+
+    /// [`Store::commit_step`] under `lease`: refused with [`Error::Fenced`], writing
+    /// nothing, unless the lease is still its owner's, unexpired and at its epoch when the
+    /// transaction commits. A daemon paused past its lease cannot write a stale version.
+    pub fn commit_step_under(
+        &self,
+        lease: &Lease,
+        stream: &StreamRecord,
+        chain: u64,
+        chunk: &ChunkRecord,
+        version: &MemoryVersion,
+        cursor: &Cursor,
+    ) -> Result<()> {
+        self.backend
+            .commit_step(stream, chain, chunk, version, cursor, Some(lease))
+    }
+
+    /// Leases for `owner` (a daemon's name) on up to `max` streams whose general memory
+    /// has text left to read and whose lease is free or expired, each for `ttl_ms`: the
+    /// streams a daemon may step. Daemons sharing a database take different streams
+    /// (rows another is taking are skipped, not waited for); taking an expired lease
+    /// raises its epoch, which fences the old owner's commits. The embedded database has
+    /// one process, whose leases never end.
+    pub fn take_leases(&self, owner: &str, max: usize, ttl_ms: u64) -> Result<Vec<Lease>> {
+        self.backend.take_leases(owner, max, ttl_ms)
+    }
+
+    /// Renews a lease for `ttl_ms` from now; `None` when it is lost (expired and taken,
+    /// or released).
+    pub fn renew_lease(&self, lease: &Lease, ttl_ms: u64) -> Result<Option<Lease>> {
+        self.backend.renew_lease(lease, ttl_ms)
+    }
+
+    /// Gives a lease up, so that another daemon may take the stream at once.
+    pub fn release_lease(&self, lease: &Lease) -> Result<()> {
+        self.backend.release_lease(lease)
+    }
+
+    /// Every lease, and the database's clock (ms since 1970) to judge them by.
+    pub fn leases(&self) -> Result<(Vec<Lease>, u64)> {
+        self.backend.leases()
     }
 
     /// Adds a version that consumed no chunk (an edit or a rollback); the cursor keeps its

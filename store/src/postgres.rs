@@ -23,7 +23,7 @@ use tokio_postgres::{NoTls, Row, Transaction};
 
 use crate::backend::Backend;
 use crate::records::{
-    Author, ChunkRecord, Cursor, FileRecord, MemoryVersion, QuestionRecord, SegmentRecord,
+    Author, ChunkRecord, Cursor, FileRecord, Lease, MemoryVersion, QuestionRecord, SegmentRecord,
     SourceRecord, StandingAnswer, StreamRecord, GENERAL,
 };
 use crate::{now, space, Appended, Error, ExportRecord, Result, Space};
@@ -34,6 +34,9 @@ mod schema {
 
 /// The most bytes one row of a log holds: a longer append is stored as several rows.
 const PIECE: usize = 1 << 20;
+
+/// The database's clock, in milliseconds since 1970: every lease is judged by it.
+const NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::BIGINT";
 
 /// Connections a store keeps open at most.
 const CONNECTIONS: usize = 8;
@@ -237,6 +240,15 @@ fn version_row(row: &Row) -> MemoryVersion {
             None => Author::Model,
             Some(name) => Author::Person { name },
         },
+    }
+}
+
+fn lease_row(row: &Row) -> Lease {
+    Lease {
+        stream: unsigned(row.get("stream_id")),
+        owner: row.get("owner"),
+        epoch: unsigned(row.get("epoch")),
+        expires_ms: unsigned(row.get("expires_at")),
     }
 }
 
@@ -464,6 +476,7 @@ async fn put_answer(
 
 /// The tables holding a stream's rows, by its id.
 const STREAM_TABLES: &[&str] = &[
+    "leases",
     "log_pieces",
     "sources",
     "segments",
@@ -719,8 +732,29 @@ impl Backend for PgStore {
         chunk: &ChunkRecord,
         version: &MemoryVersion,
         cursor: &Cursor,
+        lease: Option<&Lease>,
     ) -> Result<()> {
         self.transaction(async |tx| {
+            // The fence: the lease row locked, so that a takeover waits for this commit
+            // or this commit sees the takeover.
+            if let Some(lease) = lease {
+                let held = tx
+                    .query_opt(
+                        &format!(
+                            "SELECT 1 FROM leases WHERE stream_id = $1 AND owner = $2 AND \
+                             epoch = $3 AND expires_at >= {NOW_MS} FOR UPDATE"
+                        ),
+                        &[&big(stream.id), &lease.owner, &big(lease.epoch)],
+                    )
+                    .await?;
+                if held.is_none() {
+                    return Err(Error::Fenced {
+                        stream: stream.id,
+                        owner: lease.owner.clone(),
+                        epoch: lease.epoch,
+                    });
+                }
+            }
             // Chunks are shared by all chains of a stream: the general chain defines
             // them, question chains replay them.
             if chain == GENERAL {
@@ -954,6 +988,72 @@ impl Backend for PgStore {
                 log_len,
             })
         })
+    }
+
+    fn take_leases(&self, owner: &str, max: usize, ttl_ms: u64) -> Result<Vec<Lease>> {
+        // Streams with text the general memory has not read, unleased or expired; rows
+        // another daemon is taking are skipped. The upsert's guard takes a lease only
+        // when it is still expired, so two daemons never both get one.
+        let sql = format!(
+            "WITH free AS (\
+               SELECT s.id FROM streams s \
+               LEFT JOIN cursors c ON c.stream_id = s.id AND c.chain = 0 \
+               LEFT JOIN leases l ON l.stream_id = s.id \
+               WHERE s.log_len > coalesce(c.byte_offset, 0) \
+                 AND (l.stream_id IS NULL OR l.expires_at < {NOW_MS}) \
+               ORDER BY s.id LIMIT $2 FOR UPDATE OF s SKIP LOCKED) \
+             INSERT INTO leases (stream_id, owner, epoch, expires_at) \
+             SELECT id, $1, 1, {NOW_MS} + $3 FROM free \
+             ON CONFLICT (stream_id) DO UPDATE SET owner = EXCLUDED.owner, \
+               epoch = leases.epoch + 1, expires_at = EXCLUDED.expires_at \
+             WHERE leases.expires_at < {NOW_MS} \
+             RETURNING stream_id, owner, epoch, expires_at"
+        );
+        let rows = self.transaction(async |tx| {
+            Ok(tx
+                .query(&sql, &[&owner, &(max as i64), &big(ttl_ms)])
+                .await?)
+        })?;
+        let mut leases: Vec<Lease> = rows.iter().map(lease_row).collect();
+        leases.sort_by_key(|l| l.stream);
+        Ok(leases)
+    }
+
+    fn renew_lease(&self, lease: &Lease, ttl_ms: u64) -> Result<Option<Lease>> {
+        let rows = self.query(
+            &format!(
+                "UPDATE leases SET expires_at = {NOW_MS} + $4 WHERE stream_id = $1 AND \
+                 owner = $2 AND epoch = $3 AND expires_at >= {NOW_MS} \
+                 RETURNING stream_id, owner, epoch, expires_at"
+            ),
+            &[
+                &big(lease.stream),
+                &lease.owner,
+                &big(lease.epoch),
+                &big(ttl_ms),
+            ],
+        )?;
+        Ok(rows.first().map(lease_row))
+    }
+
+    /// Expired at once rather than deleted: the epoch only ever rises.
+    fn release_lease(&self, lease: &Lease) -> Result<()> {
+        self.query(
+            "UPDATE leases SET expires_at = 0 WHERE stream_id = $1 AND owner = $2 AND \
+             epoch = $3",
+            &[&big(lease.stream), &lease.owner, &big(lease.epoch)],
+        )?;
+        Ok(())
+    }
+
+    fn leases(&self) -> Result<(Vec<Lease>, u64)> {
+        let leases = self
+            .query("SELECT * FROM leases ORDER BY stream_id", &[])?
+            .iter()
+            .map(lease_row)
+            .collect();
+        let now = self.query(&format!("SELECT {NOW_MS}"), &[])?;
+        Ok((leases, now.first().map_or(0, |r| unsigned(r.get(0)))))
     }
 
     fn raw_insert(&self, tree: &str, _key: &[u8], _value: &[u8]) -> Result<()> {

@@ -132,3 +132,14 @@ pub struct SegmentRecord {
     pub first_line: u64,
     pub turns: Vec<(u64, u64)>,
 }
+
+/// A daemon's lease on a stream's memory steps (see [`crate::Store::take_leases`]):
+/// `owner` alone commits steps of `stream` until `expires_ms` (the database's clock),
+/// and only while `epoch` is the lease's latest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub stream: u64,
+    pub owner: String,
+    pub epoch: u64,
+    pub expires_ms: u64,
+}

@@ -5,9 +5,11 @@
 
 use std::path::PathBuf;
 
+use std::time::{Duration, Instant};
+
 use memagent_store::{
-    Author, ChunkRecord, Cursor, ExportRecord, FileRecord, MemoryVersion, SegmentRecord,
-    StandingAnswer, Store, GENERAL,
+    Author, ChunkRecord, Cursor, Error, ExportRecord, FileRecord, Lease, MemoryVersion,
+    SegmentRecord, StandingAnswer, Store, StreamRecord, GENERAL,
 };
 
 mod support;
@@ -356,4 +358,171 @@ fn a_server_that_cannot_be_reached_is_an_error_naming_it() {
         .err()
         .expect("a bad URL");
     assert!(err.to_string().contains("URL"), "{err}");
+}
+
+fn stream_of(store: &Store, lease: &Lease) -> StreamRecord {
+    store
+        .streams()
+        .unwrap()
+        .into_iter()
+        .find(|s| s.id == lease.stream)
+        .unwrap()
+}
+
+/// Takes leases for `owner` until one on `stream` comes (deadline 10 s).
+fn wait_for_lease(store: &Store, owner: &str, stream: u64) -> Lease {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let taken = store.take_leases(owner, 100, 60_000).unwrap();
+        if let Some(lease) = taken.into_iter().find(|l| l.stream == stream) {
+            return lease;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{owner} never got stream {stream}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_stream_is_leased_to_one_daemon_and_a_late_commit_is_fenced() {
+    let url = fresh_database("leases");
+    let a = Store::open_with(&scratch("lease-a"), Some(&url)).unwrap();
+    let b = Store::open_with(&scratch("lease-b"), Some(&url)).unwrap();
+    for i in 0..6 {
+        a.append(&format!("s{i}"), b"text to read into memory\n", None)
+            .unwrap();
+    }
+    // Nothing left to read: never leased.
+    a.create_stream("idle").unwrap();
+    let ttl = 300;
+    let mine = a.take_leases("daemon-a", 4, ttl).unwrap();
+    assert_eq!(mine.len(), 4);
+    let theirs = b.take_leases("daemon-b", 10, ttl).unwrap();
+    assert_eq!(theirs.len(), 2, "only the streams daemon-a did not take");
+    assert!(theirs
+        .iter()
+        .all(|t| mine.iter().all(|m| m.stream != t.stream)));
+
+    let lease = mine[0].clone();
+    let s = stream_of(&a, &lease);
+    let step = |n: u64| {
+        let cursor = Cursor {
+            next_chunk: n,
+            offset: n * 5,
+            version: n,
+        };
+        (
+            chunk(n - 1, (n - 1) * 5, n * 5),
+            model_version(n, n - 1, &format!("v{n}")),
+            cursor,
+        )
+    };
+    let (c1, v1, k1) = step(1);
+    a.commit_step_under(&lease, &s, GENERAL, &c1, &v1, &k1)
+        .unwrap();
+
+    // daemon-a stops renewing (paused, say): once the lease expires, daemon-b takes
+    // the stream at the next epoch.
+    let taken = wait_for_lease(&b, "daemon-b", s.id);
+    assert_eq!(taken.epoch, lease.epoch + 1);
+    // daemon-a wakes and commits its next step under the old lease: refused by the
+    // fence, nothing written, and the lease cannot be renewed.
+    let (c2, v2, k2) = step(2);
+    let late = a
+        .commit_step_under(&lease, &s, GENERAL, &c2, &v2, &k2)
+        .unwrap_err();
+    assert!(
+        matches!(late, Error::Fenced { epoch, .. } if epoch == lease.epoch),
+        "{late}"
+    );
+    assert!(late.to_string().contains("daemon-a"), "{late}");
+    assert_eq!(b.versions(&s, GENERAL).unwrap(), [v1]);
+    assert_eq!(b.cursor(&s, GENERAL).unwrap(), k1);
+    assert!(a.renew_lease(&lease, ttl).unwrap().is_none());
+
+    // The new owner commits, renews and gives the stream up; the other takes it at once.
+    b.commit_step_under(&taken, &s, GENERAL, &c2, &v2, &k2)
+        .unwrap();
+    let renewed = b
+        .renew_lease(&taken, 60_000)
+        .unwrap()
+        .expect("still daemon-b's");
+    assert_eq!(renewed.epoch, taken.epoch);
+    let (all, now) = a.leases().unwrap();
+    assert!(all
+        .iter()
+        .any(|l| l.stream == s.id && l.owner == "daemon-b" && l.expires_ms > now));
+    b.release_lease(&renewed).unwrap();
+    let back = a.take_leases("daemon-a", 100, 60_000).unwrap();
+    let back = back
+        .iter()
+        .find(|l| l.stream == s.id)
+        .expect("released: free at once");
+    assert_eq!(back.epoch, taken.epoch + 1, "epochs only rise");
+}
+
+#[test]
+fn daemons_taking_leases_at_once_never_share_a_stream() {
+    let url = fresh_database("lease_race");
+    let seed = Store::open_with(&scratch("lease-race"), Some(&url)).unwrap();
+    for i in 0..30 {
+        seed.append(&format!("s{i:02}"), b"pending\n", None)
+            .unwrap();
+    }
+    let taken: Vec<Vec<Lease>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..3)
+            .map(|d| {
+                let url = url.clone();
+                scope.spawn(move || {
+                    let store =
+                        Store::open_with(&scratch(&format!("lease-race-{d}")), Some(&url)).unwrap();
+                    let mut mine = Vec::new();
+                    // Each takes a few at a time, as daemons do, until none is left.
+                    loop {
+                        let got = store
+                            .take_leases(&format!("daemon-{d}"), 4, 60_000)
+                            .unwrap();
+                        if got.is_empty() {
+                            break;
+                        }
+                        mine.extend(got);
+                    }
+                    mine
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut streams: Vec<u64> = taken.iter().flatten().map(|l| l.stream).collect();
+    streams.sort_unstable();
+    let before = streams.len();
+    streams.dedup();
+    assert_eq!(before, streams.len(), "a stream leased twice: {taken:?}");
+    assert_eq!(streams.len(), 30, "every pending stream leased");
+}
+
+#[test]
+fn the_embedded_database_leases_every_pending_stream_to_its_one_process() {
+    let store = sled("leases");
+    store.append("a", b"pending\n", None).unwrap();
+    store.create_stream("idle").unwrap();
+    let leases = store.take_leases("me", 10, 1).unwrap();
+    assert_eq!(leases.len(), 1);
+    let s = store.require("a").unwrap();
+    assert_eq!(leases[0].stream, s.id);
+    let (c, v) = (chunk(0, 0, 8), model_version(1, 0, "read"));
+    let cursor = Cursor {
+        next_chunk: 1,
+        offset: 8,
+        version: 1,
+    };
+    store
+        .commit_step_under(&leases[0], &s, GENERAL, &c, &v, &cursor)
+        .unwrap();
+    assert!(
+        store.take_leases("me", 10, 1).unwrap().is_empty(),
+        "nothing left"
+    );
 }
