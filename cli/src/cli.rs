@@ -735,6 +735,15 @@ pub struct DaemonRunArgs {
     /// `daemon.stop_timeout_seconds`, else 10]
     #[arg(long, value_name = "SECS")]
     pub stop_timeout_seconds: Option<f64>,
+    /// This daemon's name in the leases of a database shared with other daemons
+    /// (`--database`) [default: `daemon.name`, else HOST:PID]
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// Seconds a stream's lease lasts unless renewed, in a shared database: a daemon that
+    /// dies leaves its streams to the others after this long [default:
+    /// `daemon.lease_seconds`, else 30]
+    #[arg(long, value_name = "SECS")]
+    pub lease_seconds: Option<f64>,
     /// Also serve the API on TCP: PORT (on 127.0.0.1) or HOST:PORT; requests need
     /// `Authorization: Bearer $MEMAGENT_API_TOKEN` [default: `daemon.listen`, off]
     #[arg(long, value_name = "ADDR")]

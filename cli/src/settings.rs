@@ -100,6 +100,10 @@ pub struct DaemonConfig {
     pub write_timeout_seconds: Option<f64>,
     /// Seconds the daemon takes at most to stop after SIGTERM [default: 10].
     pub stop_timeout_seconds: Option<f64>,
+    /// This daemon's name in the leases of a shared database [default: HOST:PID].
+    pub name: Option<String>,
+    /// Seconds a stream's lease lasts unless renewed, in a shared database [default: 30].
+    pub lease_seconds: Option<f64>,
 }
 
 /// The configuration file's path: `--config` (or `MEMAGENT_CONFIG`), else

@@ -10,7 +10,8 @@ use memagent_recall::Embedder;
 use sha2::{Digest, Sha256};
 
 use memagent_store::{
-    Author, ChunkRecord, Cursor, Error as StoreError, MemoryVersion, Store, StreamRecord, GENERAL,
+    Author, ChunkRecord, Cursor, Error as StoreError, Lease, MemoryVersion, Store, StreamRecord,
+    GENERAL,
 };
 
 use crate::{now, Error, Result};
@@ -170,6 +171,17 @@ impl<'a> Ingestor<'a> {
     /// outcome per stream, in order. A stream whose step cannot be prepared or committed
     /// gets its error; the others go on.
     pub fn step_many(&self, streams: &[&str]) -> Vec<Result<Option<StepOutcome>>> {
+        let unleased: Vec<(&str, Option<&Lease>)> = streams.iter().map(|s| (*s, None)).collect();
+        self.step_many_leased(&unleased)
+    }
+
+    /// [`Ingestor::step_many`] for a daemon that shares its database: each stream's step
+    /// is committed under its lease ([`memagent_store::Store::commit_step_under`]), and
+    /// refused when the lease was lost meanwhile.
+    pub fn step_many_leased(
+        &self,
+        streams: &[(&str, Option<&Lease>)],
+    ) -> Vec<Result<Option<StepOutcome>>> {
         struct Ready {
             stream: StreamRecord,
             cursor: Cursor,
@@ -207,7 +219,7 @@ impl<'a> Ingestor<'a> {
         };
         let mut outcomes: Vec<Result<Option<StepOutcome>>> = Vec::with_capacity(streams.len());
         let mut ready = Vec::new();
-        for (i, name) in streams.iter().enumerate() {
+        for (i, (name, _)) in streams.iter().enumerate() {
             match prepare(name) {
                 Ok(Some(step)) => {
                     ready.push((i, step));
@@ -277,9 +289,15 @@ impl<'a> Ingestor<'a> {
                 offset: r.chunk.end,
                 version: version.version,
             };
-            outcomes[*i] = self
-                .store
-                .commit_step(&r.stream, GENERAL, &r.chunk, &version, &next)
+            let committed = match streams[*i].1 {
+                Some(lease) => self
+                    .store
+                    .commit_step_under(lease, &r.stream, GENERAL, &r.chunk, &version, &next),
+                None => self
+                    .store
+                    .commit_step(&r.stream, GENERAL, &r.chunk, &version, &next),
+            };
+            outcomes[*i] = committed
                 .map(|()| {
                     Some(StepOutcome {
                         chunk: r.chunk.clone(),

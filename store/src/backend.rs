@@ -13,6 +13,8 @@ use crate::{Appended, ExportRecord, Result, Space};
 pub trait Backend: Send + Sync {
     /// Where the records are, for messages: a directory or a server.
     fn location(&self) -> String;
+    /// Whether other processes may share the records (and leases matter).
+    fn shared(&self) -> bool;
     /// Bytes the records take where the backend can tell (0 where it cannot).
     fn size_on_disk(&self) -> Result<u64>;
     /// Free space on the local data directory against the reserve writes keep.

@@ -165,6 +165,10 @@ impl SledStore {
 }
 
 impl Backend for SledStore {
+    fn shared(&self) -> bool {
+        false
+    }
+
     fn location(&self) -> String {
         self.path.display().to_string()
     }

@@ -106,6 +106,12 @@ impl Store {
         self.backend.location()
     }
 
+    /// Whether other processes may share the records: PostgreSQL. Daemons sharing them
+    /// step a stream only under its lease.
+    pub fn is_shared(&self) -> bool {
+        self.backend.shared()
+    }
+
     /// Bytes the database takes on disk.
     pub fn size_on_disk(&self) -> Result<u64> {
         self.backend.size_on_disk()

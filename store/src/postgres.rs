@@ -495,6 +495,10 @@ fn by_name_hash<T>(mut items: Vec<T>, name: impl Fn(&T) -> &str) -> Vec<T> {
 }
 
 impl Backend for PgStore {
+    fn shared(&self) -> bool {
+        true
+    }
+
     fn location(&self) -> String {
         self.location.clone()
     }

@@ -265,18 +265,34 @@ pub(crate) async fn require_token(
     next.run(request).await
 }
 
-/// One row per stream: size, chunks read, latest version and pending bytes.
+/// One row per stream: size, chunks read, latest version and pending bytes; in a
+/// database shared by daemons, the lease on its memory steps (which daemon, its epoch,
+/// the milliseconds it has left), `null` when none holds one.
 pub fn stream_rows(store: &Store) -> memagent_store::Result<Vec<Value>> {
+    let (leases, now) = match store.is_shared() {
+        true => store.leases()?,
+        false => (Vec::new(), 0),
+    };
     let mut rows = Vec::new();
     for s in store.streams()? {
         let cursor = store.cursor(&s, GENERAL)?;
-        rows.push(json!({
+        let mut row = json!({
             "stream": s.name,
             "log_bytes": s.log_len,
             "pending_bytes": s.log_len - cursor.offset,
             "chunks": cursor.next_chunk,
             "version": cursor.version,
-        }));
+        });
+        if store.is_shared() {
+            row["lease"] = leases
+                .iter()
+                .find(|l| l.stream == s.id && l.expires_ms >= now)
+                .map_or(
+                    Value::Null,
+                    |l| json!({"owner": l.owner, "epoch": l.epoch, "ms_left": l.expires_ms - now}),
+                );
+        }
+        rows.push(row);
     }
     Ok(rows)
 }

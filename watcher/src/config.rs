@@ -207,6 +207,11 @@ pub struct DaemonOptions {
     /// After SIGTERM or SIGINT the daemon exits within this long, whatever the store is
     /// doing; a second signal exits at once.
     pub stop_timeout: Duration,
+    /// This daemon's name in the leases of a database shared with other daemons.
+    pub name: String,
+    /// How long a stream's lease lasts unless renewed (a shared database): a daemon
+    /// that dies leaves its streams to the others after this long.
+    pub lease: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -239,8 +244,20 @@ impl Default for DaemonOptions {
             tcp: None,
             write_timeout: Duration::from_secs(30),
             stop_timeout: Duration::from_secs(10),
+            name: default_name(),
+            lease: Duration::from_secs(30),
         }
     }
+}
+
+/// A daemon's default name in leases: its machine's host name and its process id.
+pub fn default_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string());
+    format!("{host}:{}", std::process::id())
 }
 
 /// The daemon's socket in a data directory.

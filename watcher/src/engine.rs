@@ -10,7 +10,7 @@ use memagent_engine::Message;
 use memagent_memory::{
     answer_with_evidence, Answer, Answered, Evidence, Ingestor, Plan, Query, StepOutcome,
 };
-use memagent_store::{MemoryVersion, Store, GENERAL};
+use memagent_store::{Lease, MemoryVersion, Store, GENERAL};
 use tokio::sync::oneshot;
 
 /// What a step request did.
@@ -34,6 +34,15 @@ pub enum Step {
 /// so a bigger batch mostly delays the queries waiting behind it.
 pub const MAX_BATCH: usize = 4;
 
+/// A stream offered for a step: its name, whether it steps only on a whole chunk, and
+/// the lease its step commits under (a database shared with other daemons).
+#[derive(Debug, Clone)]
+pub struct Due {
+    pub stream: String,
+    pub full_only: bool,
+    pub lease: Option<Lease>,
+}
+
 type Reply<T> = oneshot::Sender<Result<T, String>>;
 
 /// A request to the engine thread.
@@ -43,7 +52,7 @@ pub enum Request {
     /// deferred); with `full_only`, a stream steps only when a whole chunk is pending.
     /// One outcome per stream, in order.
     Steps {
-        streams: Vec<(String, bool)>,
+        streams: Vec<Due>,
         reply: Reply<Vec<Result<Step, String>>>,
     },
     /// Answer a query from its plan (read by the caller), decoded as one batch; a deep
@@ -94,10 +103,7 @@ impl EngineHandle {
     }
 
     /// Steps of several streams, `(stream, full_only)` each, decoded as one batch.
-    pub async fn steps(
-        &self,
-        streams: Vec<(String, bool)>,
-    ) -> Result<Vec<Result<Step, String>>, String> {
+    pub async fn steps(&self, streams: Vec<Due>) -> Result<Vec<Result<Step, String>>, String> {
         self.ask(|reply| Request::Steps { streams, reply }).await
     }
 
@@ -184,7 +190,7 @@ pub fn serve(
 fn steps(
     ingestor: &Ingestor<'_>,
     store: &Store,
-    streams: &[(String, bool)],
+    streams: &[Due],
     agent: &MemoryAgent<'_>,
 ) -> Vec<Result<Step, String>> {
     // Which streams have a chunk to read now.
@@ -205,8 +211,9 @@ fn steps(
     };
     let failed = |stream: &str, e: memagent_memory::Error| format!("stream `{stream}`: {e}");
     let mut outcomes: Vec<Result<Step, String>> = Vec::with_capacity(streams.len());
-    let mut ready: Vec<(usize, &str)> = Vec::new();
-    for (i, (stream, full_only)) in streams.iter().enumerate() {
+    let mut ready: Vec<(usize, &str, Option<&Lease>)> = Vec::new();
+    for (i, due) in streams.iter().enumerate() {
+        let (stream, full_only) = (&due.stream, &due.full_only);
         if ready.len() == MAX_BATCH {
             outcomes.push(Ok(Step::Deferred));
             continue;
@@ -214,14 +221,14 @@ fn steps(
         match check(stream, *full_only) {
             Ok(Some(step)) => outcomes.push(Ok(step)),
             Ok(None) => {
-                ready.push((i, stream.as_str()));
+                ready.push((i, stream.as_str(), due.lease.as_ref()));
                 outcomes.push(Ok(Step::Nothing));
             }
             Err(e) => outcomes.push(Err(failed(stream, e))),
         }
     }
-    let names: Vec<&str> = ready.iter().map(|(_, name)| *name).collect();
-    for ((i, name), outcome) in ready.iter().zip(ingestor.step_many(&names)) {
+    let leased: Vec<(&str, Option<&Lease>)> = ready.iter().map(|(_, n, l)| (*n, *l)).collect();
+    for ((i, name, _), outcome) in ready.iter().zip(ingestor.step_many_leased(&leased)) {
         outcomes[*i] = match outcome {
             Ok(Some(outcome)) => Ok(Step::Done {
                 outcome: Box::new(outcome),

@@ -58,8 +58,8 @@ use notify::{RecursiveMode, Watcher};
 pub use api::{stream_rows, DaemonInfo};
 pub use chat::{parse as parse_chat, render_message, utc, Parsed};
 pub use config::{
-    socket_path, validate_watches, DaemonOptions, ProxyOptions, TcpOptions, WatchConfig,
-    WatchFormat,
+    default_name, socket_path, validate_watches, DaemonOptions, ProxyOptions, TcpOptions,
+    WatchConfig, WatchFormat,
 };
 pub use engine::{serve as serve_engine, EngineHandle, Request, Step};
 pub use error::{Error, Result};
@@ -169,6 +169,8 @@ pub fn run(
                 .filter(|w| !w.ask.is_empty())
                 .cloned()
                 .collect(),
+            owner: options.name.clone(),
+            lease: options.lease,
         };
         let scheduler = tokio::spawn(scheduler.run(arrivals_rx, shutdown_rx.clone()));
         let servers = listeners.serve(api::router(state), &options, &shutdown_rx);

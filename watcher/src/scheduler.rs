@@ -15,16 +15,23 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use memagent_recall::Recall;
-use memagent_store::{MemoryVersion, StandingAnswer, Store, GENERAL};
+use memagent_store::{Lease, MemoryVersion, StandingAnswer, Store, GENERAL};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::WatchConfig;
-use crate::engine::{EngineHandle, Step, MAX_BATCH};
+use crate::engine::{Due, EngineHandle, Step, MAX_BATCH};
 use crate::files::Arrival;
 use crate::stats::Stats;
 
 /// A stream whose step failed is tried again after this long.
 const RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// How often a daemon sharing its database looks for text appended through others.
+const SHARED_POLL: Duration = Duration::from_secs(1);
+
+/// Streams a daemon sharing its database holds leases on at most: enough for a few
+/// batches, leaving the rest to the other daemons.
+const LEASES_HELD: usize = 4 * MAX_BATCH;
 
 pub(crate) struct Scheduler {
     pub store: Arc<Store>,
@@ -35,6 +42,10 @@ pub(crate) struct Scheduler {
     pub idle: Duration,
     /// The watches with standing questions.
     pub standing: Vec<WatchConfig>,
+    /// This daemon's name in the leases of a shared database.
+    pub owner: String,
+    /// How long a lease lasts unless renewed.
+    pub lease: Duration,
 }
 
 impl Scheduler {
@@ -154,6 +165,7 @@ impl Scheduler {
             failed: HashMap::new(),
             last_step: HashMap::new(),
             backlog: HashSet::new(),
+            held: HashMap::new(),
         };
         loop {
             while let Ok(arrival) = arrivals.try_recv() {
@@ -164,9 +176,16 @@ impl Scheduler {
             }
             // Off the workers: a store stuck on a failing disk holds up the scheduler
             // alone, never the API.
-            let store = self.store.clone();
-            let pending = match tokio::task::spawn_blocking(move || pending_streams(&store)).await {
-                Ok(Ok(pending)) => pending,
+            let (store, owner, lease) = (self.store.clone(), self.owner.clone(), self.lease);
+            let held = std::mem::take(&mut state.held);
+            let leased =
+                tokio::task::spawn_blocking(move || leased_pending(&store, &owner, held, lease))
+                    .await;
+            let pending = match leased {
+                Ok(Ok((pending, held))) => {
+                    state.held = held;
+                    pending
+                }
                 Ok(Err(e)) => {
                     tracing::error!("cannot list the streams: {e}");
                     Vec::new()
@@ -176,14 +195,35 @@ impl Scheduler {
                     Vec::new()
                 }
             };
-            let order = state.order(&pending);
+            let names: Vec<String> = pending.iter().map(|(name, _)| name.clone()).collect();
+            let order = state.order(&names);
             let (due, idle_ats, mut wake) = state.due(&order, self.idle);
+            // A shared database: text appended through other daemons arrives unseen, and
+            // leases are renewed each round: look again in time for both.
+            if self.store.is_shared() {
+                let again = Instant::now() + (self.lease / 3).min(SHARED_POLL);
+                wake = Some(wake.map_or(again, |w| w.min(again)));
+            }
+            let due: Vec<Due> = due
+                .into_iter()
+                .map(|(stream, full_only)| {
+                    let lease = pending
+                        .iter()
+                        .find(|(name, _)| *name == stream)
+                        .map(|(_, lease)| lease.clone());
+                    Due {
+                        stream,
+                        full_only,
+                        lease,
+                    }
+                })
+                .collect();
             let mut served = false;
             if !due.is_empty() {
                 let names: Vec<&str> = due
                     .iter()
                     .take(MAX_BATCH)
-                    .map(|(s, _)| s.as_str())
+                    .map(|d| d.stream.as_str())
                     .collect();
                 self.stats.lock().expect("stats").busy = Some(names.join(", "));
                 let sent = Instant::now();
@@ -199,7 +239,9 @@ impl Scheduler {
                 if stepped > 1 {
                     tracing::info!("stepped {stepped} streams in one batch");
                 }
-                for (((stream, _), idle_at), outcome) in due.iter().zip(idle_ats).zip(outcomes) {
+                for ((Due { stream, .. }, idle_at), outcome) in
+                    due.iter().zip(idle_ats).zip(outcomes)
+                {
                     match outcome {
                         Ok(Step::Done {
                             outcome: step,
@@ -259,15 +301,56 @@ impl Scheduler {
     }
 }
 
-/// Streams with content their general memory has not read, by name.
-fn pending_streams(store: &Store) -> memagent_store::Result<Vec<String>> {
-    let mut out = Vec::new();
-    for stream in store.streams()? {
-        if store.cursor(&stream, GENERAL)?.offset < stream.log_len {
-            out.push(stream.name);
+/// The leases a daemon holds, by stream id.
+type Held = HashMap<u64, Lease>;
+
+/// The streams this daemon may step now, by name with their leases: the leases it
+/// `held` renewed (a lost one dropped: it expired, or another daemon took the stream
+/// over), more taken up to [`LEASES_HELD`] (every pending stream where the database is
+/// this daemon's alone), and of those the streams with content their general memory has
+/// not read; the leases of the others are given back. Also the leases now held, by
+/// stream id.
+fn leased_pending(
+    store: &Store,
+    owner: &str,
+    held: Held,
+    ttl: Duration,
+) -> memagent_store::Result<(Vec<(String, Lease)>, Held)> {
+    let ttl_ms = ttl.as_millis() as u64;
+    let mut kept = HashMap::new();
+    for (id, lease) in held {
+        match store.renew_lease(&lease, ttl_ms)? {
+            Some(renewed) => {
+                kept.insert(id, renewed);
+            }
+            None => tracing::warn!(
+                "stream {id}: the lease (epoch {}) expired or was taken over; its steps \
+                 go on elsewhere",
+                lease.epoch
+            ),
         }
     }
-    Ok(out)
+    let room = match store.is_shared() {
+        true => LEASES_HELD.saturating_sub(kept.len()),
+        false => usize::MAX,
+    };
+    if room > 0 {
+        for lease in store.take_leases(owner, room, ttl_ms)? {
+            kept.insert(lease.stream, lease);
+        }
+    }
+    let mut pending = Vec::new();
+    for stream in store.streams()? {
+        let Some(lease) = kept.get(&stream.id) else {
+            continue;
+        };
+        if store.cursor(&stream, GENERAL)?.offset < stream.log_len {
+            pending.push((stream.name, lease.clone()));
+        } else if let Some(lease) = kept.remove(&stream.id) {
+            store.release_lease(&lease)?;
+        }
+    }
+    Ok((pending, kept))
 }
 
 /// The order in which `pending` streams (by name) are offered to the engine, which steps
@@ -308,6 +391,8 @@ struct Rounds {
     last_step: HashMap<String, Instant>,
     /// Streams whose last step left another whole chunk pending.
     backlog: HashSet<String>,
+    /// The leases this daemon holds.
+    held: Held,
 }
 
 impl Rounds {

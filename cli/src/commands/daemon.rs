@@ -55,6 +55,17 @@ pub fn run(global: &Settings, args: &DaemonRunArgs) -> Result<()> {
         10.0,
         "stop-timeout-seconds",
     )?;
+    let lease = seconds(
+        args.lease_seconds,
+        config.daemon.lease_seconds,
+        30.0,
+        "lease-seconds",
+    )?;
+    let name = args
+        .name
+        .clone()
+        .or_else(|| config.daemon.name.clone())
+        .unwrap_or_else(memagent_watcher::default_name);
     let tcp = tcp_options(args, &config)?;
     let proxy = proxy_options(&config)?;
     if config.watch.is_empty() {
@@ -64,6 +75,14 @@ pub fn run(global: &Settings, args: &DaemonRunArgs) -> Result<()> {
         );
     }
     let store = Arc::new(global.open_store()?);
+    if store.is_shared() {
+        tracing::info!(
+            "streams in {} shared with other daemons: stepped as `{name}` under leases of \
+             {:.0}s",
+            store.location(),
+            lease.as_secs_f64()
+        );
+    }
     // The indexer thread catches the index up once the daemon runs.
     let recall = Arc::new(super::recall::open_recall_only(global, &store)?);
 
@@ -96,6 +115,8 @@ pub fn run(global: &Settings, args: &DaemonRunArgs) -> Result<()> {
         proxy,
         write_timeout,
         stop_timeout,
+        name,
+        lease,
         ..DaemonOptions::default()
     };
     memagent_watcher::run(store, recall, engine, info, options)?;
@@ -279,6 +300,16 @@ pub fn status(global: &Settings, json: bool) -> Result<()> {
             num(&s["tokens_per_second"], 1),
             num(&s["index_lag_bytes"], 0),
         )?;
+        if let Some(owner) = s["lease"]["owner"].as_str() {
+            writeln!(
+                out,
+                "  stepped by {owner} (lease epoch {}, {} s left)",
+                num(&s["lease"]["epoch"], 0),
+                s["lease"]["ms_left"]
+                    .as_f64()
+                    .map_or("-".to_string(), |ms| format!("{:.1}", ms / 1000.0))
+            )?;
+        }
         if let Some(e) = s["last_error"].as_str() {
             writeln!(out, "  last error: {e}")?;
         }

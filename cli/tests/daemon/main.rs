@@ -16,6 +16,7 @@ mod proxy;
 mod query;
 mod scheduling;
 mod search;
+mod shared;
 mod soak;
 
 use std::fs::File;
@@ -104,6 +105,7 @@ impl Daemon {
             .arg(&self.data)
             .env_remove("MEMAGENT_MODEL")
             .env_remove("MEMAGENT_DATA_DIR")
+            .env_remove("MEMAGENT_DATABASE")
             .env_remove("RUST_LOG");
         cmd
     }

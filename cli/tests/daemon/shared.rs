@@ -1,0 +1,211 @@
+//! Three daemons sharing one real PostgreSQL database (a throwaway server `scripts/test`
+//! starts, or `MEMAGENT_TEST_DATABASE`): each stream is stepped by one daemon at a time
+//! under its lease; one killed with SIGKILL mid-run leaves its streams to the others;
+//! one paused with SIGSTOP past its lease finds, when it wakes, that its leases went to
+//! the others, and writes nothing stale. Every log reads back as appended and every
+//! memory chain is continuous.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use memagent_store::{Store, GENERAL};
+
+use super::{test_root, wait_for, Daemon, QUICK_STEPS};
+
+/// A fresh database on the test server; its URL.
+fn fresh_database(name: &str) -> String {
+    let server = std::env::var("MEMAGENT_TEST_DATABASE").expect(
+        "MEMAGENT_TEST_DATABASE is not set: run the tests with scripts/test, which starts a \
+         throwaway PostgreSQL, or set it to a server's URL",
+    );
+    let config: tokio_postgres::Config = server.parse().expect("MEMAGENT_TEST_DATABASE");
+    let db = format!("memagent_{name}_{}", std::process::id());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        for sql in [
+            format!("DROP DATABASE IF EXISTS {db}"),
+            format!("CREATE DATABASE {db}"),
+        ] {
+            client.batch_execute(&sql).await.unwrap();
+        }
+    });
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        _ => "localhost".to_string(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("postgres");
+    format!("postgres://{user}@{host}:{port}/{db}")
+}
+
+/// The text of stream `i`: a few 64-token chunks of numbered sentences.
+fn text(i: usize) -> String {
+    (0..24)
+        .map(|j| {
+            format!(
+                "Note {j} of stream {i}: the crate for shelf {j} holds {} lamps.\n",
+                i * 100 + j
+            )
+        })
+        .collect()
+}
+
+/// Whether every stream's general memory has read its whole log.
+fn all_read(store: &Store) -> bool {
+    store
+        .streams()
+        .unwrap()
+        .iter()
+        .all(|s| store.cursor(s, GENERAL).unwrap().offset == s.log_len)
+}
+
+/// Who holds each stream's lease now (unexpired), by stream id.
+fn holders(store: &Store) -> HashMap<u64, (String, u64)> {
+    let (leases, now) = store.leases().unwrap();
+    leases
+        .into_iter()
+        .filter(|l| l.expires_ms >= now)
+        .map(|l| (l.stream, (l.owner, l.epoch)))
+        .collect()
+}
+
+fn signal(daemon: &Daemon, signal: i32) {
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(daemon.pid(), signal) }, 0);
+}
+
+#[test]
+fn daemons_sharing_a_database_step_each_stream_once_and_survive_sigkill_and_sigstop() {
+    let url = fresh_database("shared_daemons");
+    let root = test_root("shared");
+    let config = format!("database = \"{url}\"\n");
+    let start = |name: &str| {
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut args = QUICK_STEPS.to_vec();
+        args.extend(["--name", name, "--lease-seconds", "2", "--embedder", "none"]);
+        Daemon::start(&dir, &config, &args)
+    };
+    let mut daemons = [start("a"), start("b"), start("c")];
+
+    // Twelve streams appended through the database, as any machine would.
+    let streams = 12;
+    for i in 0..streams {
+        let file = root.join(format!("s{i}.txt"));
+        std::fs::write(&file, text(i)).unwrap();
+        // From a machine of its own: its own data directory, no daemon.
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_memctl"))
+            .args(["--data-dir", root.join("appender").to_str().unwrap()])
+            .args(["--database", &url, "--embedder", "none", "ingest"])
+            .args([&format!("s{i:02}"), file.to_str().unwrap(), "--no-process"])
+            .env_remove("MEMAGENT_DATA_DIR")
+            .env("XDG_CONFIG_HOME", "/nonexistent/memagent-test-config")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let store = Store::open_with(&root.join("observer"), Some(&url)).unwrap();
+
+    // Once daemon a holds leases and has stepped, SIGKILL it mid-run.
+    wait_for("daemon a to hold leases", Duration::from_secs(120), || {
+        holders(&store)
+            .values()
+            .any(|(o, _)| o == "a")
+            .then_some(())
+    });
+    daemons[0].kill();
+    let a_held: Vec<u64> = holders(&store)
+        .into_iter()
+        .filter(|(_, (o, _))| o == "a")
+        .map(|(id, _)| id)
+        .collect();
+    // Its streams go on with the others within the lease time.
+    wait_for(
+        "a's streams to be taken over",
+        Duration::from_secs(60),
+        || {
+            let now = holders(&store);
+            a_held
+                .iter()
+                .all(|id| now.get(id).is_none_or(|(o, _)| o != "a"))
+                .then_some(())
+        },
+    );
+
+    // Pause daemon b past its lease while it works, then let it go on.
+    // `daemon status` says which daemon steps which stream.
+    wait_for(
+        "b's status to show its leases",
+        Duration::from_secs(120),
+        || {
+            let status = daemons[1].try_status()?;
+            status["streams"]
+                .as_array()?
+                .iter()
+                .any(|s| s["lease"]["owner"] == "b")
+                .then_some(())
+        },
+    );
+    signal(&daemons[1], libc::SIGSTOP);
+    wait_for("b's leases to lapse", Duration::from_secs(60), || {
+        holders(&store)
+            .values()
+            .all(|(o, _)| o != "b")
+            .then_some(())
+    });
+    signal(&daemons[1], libc::SIGCONT);
+
+    wait_for(
+        "every stream read into memory",
+        Duration::from_secs(600),
+        || all_read(&store).then_some(()),
+    );
+    // b, awake, found its leases gone: logged, and nothing stale written.
+    wait_for(
+        "b to notice its lost leases",
+        Duration::from_secs(60),
+        || {
+            daemons[1]
+                .log_text()
+                .contains("expired or was taken over")
+                .then_some(())
+        },
+    );
+
+    for i in 0..streams {
+        let s = store.require(&format!("s{i:02}")).unwrap();
+        assert_eq!(
+            store.read_log(&s, 0, s.log_len).unwrap(),
+            text(i).as_bytes(),
+            "s{i:02}: the log as appended"
+        );
+        let versions = store.versions(&s, GENERAL).unwrap();
+        let chunks = store.chunks(&s).unwrap();
+        assert!(!versions.is_empty(), "s{i:02} was never stepped");
+        // One version per chunk, each reading the chunk after its parent's: a chain
+        // without gaps or a step written twice.
+        for (n, v) in versions.iter().enumerate() {
+            assert_eq!(v.version, n as u64 + 1, "s{i:02}: {versions:#?}");
+            assert_eq!(v.parent, (n > 0).then_some(n as u64), "s{i:02}: its parent");
+            assert_eq!(v.chunk, Some(n as u64), "s{i:02}: version {}", v.version);
+        }
+        assert_eq!(chunks.len(), versions.len());
+        for pair in chunks.windows(2) {
+            assert_eq!(pair[0].end, pair[1].start, "s{i:02}: chunks continuous");
+        }
+        assert_eq!(chunks.last().unwrap().end, s.log_len);
+    }
+    for daemon in daemons.iter_mut().skip(1) {
+        assert!(daemon.is_running(), "{}", daemon.log_text());
+        daemon.stop();
+    }
+}
