@@ -1063,8 +1063,9 @@ pub enum BenchCommand {
     /// Single-needle retrieval against document length: the memory loop vs the whole
     /// document in one prompt (--direct), with accuracy and seconds per 1K input tokens
     Needle(Box<BenchNeedleArgs>),
-    /// The store alone (memory text supplied, no model): commit latency with flush, and
-    /// database size against content size
+    /// The store alone (memory text supplied, no model): append and step-commit latency,
+    /// a query's store reads, and database size against content size; with
+    /// `--database`, the same run through PostgreSQL beside the embedded database
     Store(BenchStoreArgs),
     /// The daemon as a user runs it (a child process watching files): lag from an append
     /// to the memory updated, and input tokens per second with 1, 4 and 16 watched

@@ -414,7 +414,7 @@ pub(super) fn haystack(dir: Option<&Path>) -> Result<Haystack> {
 }
 
 pub fn store(global: &Settings, args: &BenchStoreArgs) -> Result<()> {
-    use memagent_store::{Author, ChunkRecord, Cursor, MemoryVersion, Store, GENERAL};
+    use memagent_store::Store;
     let haystack = haystack(args.haystack.as_deref())?;
     let content = haystack.text(args.megabytes << 20);
     // Bytes per chunk of `chunk_tokens` tokens, measured on the first 64 KB.
@@ -427,13 +427,101 @@ pub fn store(global: &Settings, args: &BenchStoreArgs) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("memagent-bench-store-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let store = Store::open(&dir)?;
+    let mut sled = measure_store(&store, "bench", &content, chunk_bytes, args)?;
+    store.flush()?;
+    sled["sled_size_on_disk"] = store.size_on_disk()?.into();
+    drop(store);
+    let disk_bytes = dir_size(&dir);
+    sled["disk_bytes"] = disk_bytes.into();
+    sled["disk_over_content"] = (disk_bytes as f64 / content.len() as f64).into();
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut result = serde_json::json!({
+        "cpu": memagent_engine::bench::cpu_name(),
+        "content_bytes": content.len(),
+        "chunk_bytes": chunk_bytes,
+        "sled": sled,
+    });
+    // The same run through PostgreSQL, side by side, when a database is configured.
+    if let Some(url) = global.database()? {
+        let local = dir.with_extension("postgres");
+        let store = Store::open_with(&local, Some(&url))?;
+        let stream = format!("bench-store-{}", std::process::id());
+        let measured = measure_store(&store, &stream, &content, chunk_bytes, args);
+        let removed = store.remove_stream(&stream);
+        let _ = std::fs::remove_dir_all(&local);
+        let mut pg = measured?;
+        removed?;
+        pg["server"] = store.location().into();
+        result["postgres"] = pg;
+    }
+    if args.json {
+        return crate::commands::print_json(&result);
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "{} MB appended {} bytes at a time, {} chunks of {} bytes; CPU {}",
+        args.megabytes,
+        args.append_bytes,
+        result["sled"]["chunks"],
+        chunk_bytes,
+        result["cpu"].as_str().unwrap_or("?")
+    )?;
+    writeln!(
+        out,
+        "{:<10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "backend", "append p50", "p99", "commit p50", "p99", "read p50", "p99"
+    )?;
+    for backend in ["sled", "postgres"] {
+        let r = &result[backend];
+        if r.is_null() {
+            continue;
+        }
+        let ms = |k: &str| format!("{:.2}", r[k].as_f64().unwrap_or(f64::NAN));
+        writeln!(
+            out,
+            "{:<10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            backend,
+            ms("append_ms_p50"),
+            ms("append_ms_p99"),
+            ms("commit_ms_p50"),
+            ms("commit_ms_p99"),
+            ms("read_ms_p50"),
+            ms("read_ms_p99"),
+        )?;
+    }
+    writeln!(
+        out,
+        "(milliseconds; read: a query's store reads, the latest memory and 4 KB of the log)"
+    )?;
+    if let Some(bytes) = result["sled"]["disk_bytes"].as_u64() {
+        writeln!(
+            out,
+            "sled on disk: {bytes} bytes, {:.2} x the content",
+            result["sled"]["disk_over_content"].as_f64().unwrap_or(0.0)
+        )?;
+    }
+    Ok(())
+}
+
+/// Appends `content` to `name` in pieces (commit 1), commits a memory step per chunk
+/// (commit 2), then reads as a query does (the latest memory and 4 KB of the log at a
+/// spread of offsets): each one's latency percentiles, in milliseconds.
+fn measure_store(
+    store: &memagent_store::Store,
+    name: &str,
+    content: &str,
+    chunk_bytes: usize,
+    args: &BenchStoreArgs,
+) -> Result<serde_json::Value> {
+    use memagent_store::{Author, ChunkRecord, Cursor, MemoryVersion, GENERAL};
     let mut appends = Vec::new();
     for piece in content.as_bytes().chunks(args.append_bytes) {
         let t = Instant::now();
-        store.append("bench", piece, None)?;
+        store.append(name, piece, None)?;
         appends.push(t.elapsed().as_secs_f64());
     }
-    let stream = store.require("bench")?;
+    let stream = store.require(name)?;
     let memory = |i: usize| -> String {
         // A memory of about a quarter chunk, different at every step.
         let from = content.floor_char_boundary((i * 977) % 50_000);
@@ -483,33 +571,26 @@ pub fn store(global: &Settings, args: &BenchStoreArgs) -> Result<()> {
         offset = end;
         index += 1;
     }
-    store.flush()?;
-    let sled_bytes = store.size_on_disk()?;
-    drop(store);
-    let disk_bytes = dir_size(&dir);
-    let _ = std::fs::remove_dir_all(&dir);
+    let mut reads = Vec::new();
+    for i in 0..500u64 {
+        let at = (i * 7_919 * 4096) % stream.log_len.max(1);
+        let t = Instant::now();
+        let latest = store.latest(&stream, GENERAL)?;
+        let text = store.read_log(&stream, at, at + 4096)?;
+        reads.push(t.elapsed().as_secs_f64());
+        anyhow::ensure!(latest.is_some() && !text.is_empty(), "nothing read back");
+    }
     let pct = |v: &mut Vec<f64>, p: f64| percentile(v, p) * 1000.0;
-    let result = serde_json::json!({
-        "content_bytes": content.len(),
-        "chunk_bytes": chunk_bytes,
+    Ok(serde_json::json!({
         "chunks": commits.len(),
         "appends": appends.len(),
         "append_ms_p50": pct(&mut appends, 0.5),
         "append_ms_p99": pct(&mut appends, 0.99),
         "commit_ms_p50": pct(&mut commits, 0.5),
         "commit_ms_p99": pct(&mut commits, 0.99),
-        "sled_size_on_disk": sled_bytes,
-        "disk_bytes": disk_bytes,
-        "disk_over_content": disk_bytes as f64 / content.len() as f64,
-    });
-    if args.json {
-        return crate::commands::print_json(&result);
-    }
-    let mut out = std::io::stdout().lock();
-    for (k, v) in result.as_object().expect("an object") {
-        writeln!(out, "{k:<20} {v}")?;
-    }
-    Ok(())
+        "read_ms_p50": pct(&mut reads, 0.5),
+        "read_ms_p99": pct(&mut reads, 0.99),
+    }))
 }
 
 /// Bytes of the files under `dir`.
