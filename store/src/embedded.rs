@@ -3,7 +3,6 @@
 //! postcard behind a format byte; keys are big-endian.
 
 use std::fs::File;
-use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
@@ -47,7 +46,7 @@ impl SledStore {
             source,
         };
         std::fs::create_dir_all(dir).map_err(io)?;
-        let lock = Self::lock(dir)?;
+        let lock = crate::lock_dir(dir)?;
         let db = sled::Config::new().path(dir.join("db")).open()?;
         memagent_migrations::migrate(&db)?;
         let store = Self {
@@ -122,45 +121,6 @@ impl SledStore {
             self.logs.cut(stream.id, stream.log_len)?;
         }
         Ok(())
-    }
-
-    /// Takes the data directory's lock file, writing our process id into it; a held lock
-    /// is an error naming the process that holds it.
-    fn lock(dir: &Path) -> Result<File> {
-        let path = dir.join("lock");
-        let io = |source| Error::Io {
-            path: path.clone(),
-            source,
-        };
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(io)?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                let mut pid = String::new();
-                let _ = file.read_to_string(&mut pid);
-                let pid = pid.trim();
-                return Err(Error::InUse {
-                    path: dir.to_path_buf(),
-                    pid: if pid.is_empty() {
-                        "unknown".into()
-                    } else {
-                        pid.into()
-                    },
-                });
-            }
-            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
-        }
-        file.set_len(0).map_err(io)?;
-        file.rewind().map_err(io)?;
-        write!(file, "{}", std::process::id()).map_err(io)?;
-        file.sync_all().map_err(io)?;
-        Ok(file)
     }
 }
 

@@ -29,6 +29,8 @@ mod records;
 mod space;
 mod transfer;
 
+use std::fs::File;
+use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -59,6 +61,46 @@ pub struct Appended {
 pub struct Store {
     backend: Box<dyn Backend>,
     path: PathBuf,
+}
+
+/// Takes the data directory's lock file, writing our process id into it; a held lock
+/// is an error naming the process that holds it. One process uses a data directory at a
+/// time, whichever the backend: its search index and socket are that process's.
+pub(crate) fn lock_dir(dir: &Path) -> Result<File> {
+    let path = dir.join("lock");
+    let io = |source| Error::Io {
+        path: path.clone(),
+        source,
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(io)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut pid = String::new();
+            let _ = file.read_to_string(&mut pid);
+            let pid = pid.trim();
+            return Err(Error::InUse {
+                path: dir.to_path_buf(),
+                pid: if pid.is_empty() {
+                    "unknown".into()
+                } else {
+                    pid.into()
+                },
+            });
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+    }
+    file.set_len(0).map_err(io)?;
+    file.rewind().map_err(io)?;
+    write!(file, "{}", std::process::id()).map_err(io)?;
+    file.sync_all().map_err(io)?;
+    Ok(file)
 }
 
 fn now() -> u64 {

@@ -47,6 +47,8 @@ pub(crate) struct PgStore {
     pool: Pool,
     location: String,
     space: space::Guard,
+    /// The data directory's lock: one process uses it at a time.
+    _lock: std::fs::File,
 }
 
 /// A u64 kept in a BIGINT column.
@@ -65,6 +67,7 @@ impl PgStore {
             path: dir.to_path_buf(),
             source,
         })?;
+        let lock = crate::lock_dir(dir)?;
         let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
             Error::Database(format!("the database URL is not one PostgreSQL reads: {e}"))
         })?;
@@ -100,6 +103,7 @@ impl PgStore {
             pool,
             location,
             space: space::Guard::new(dir),
+            _lock: lock,
         };
         store.run(async {
             let mut client = store.client().await?;

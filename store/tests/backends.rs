@@ -346,6 +346,22 @@ fn streams_are_listed_by_name_and_removed_with_everything_they_have() {
 }
 
 #[test]
+fn one_process_uses_a_data_directory_whichever_the_backend() {
+    // The search index and the daemon's socket in it are that process's: a second
+    // memctl on the same directory is told who holds it (and talks to the daemon).
+    let url = fresh_database("dir_lock");
+    let dir = scratch("dir-lock");
+    let first = Store::open_with(&dir, Some(&url)).unwrap();
+    let second = Store::open_with(&dir, Some(&url)).err().expect("refused");
+    assert!(
+        matches!(&second, Error::InUse { pid, .. } if *pid == std::process::id().to_string()),
+        "{second}"
+    );
+    drop(first);
+    Store::open_with(&dir, Some(&url)).unwrap();
+}
+
+#[test]
 fn a_server_that_cannot_be_reached_is_an_error_naming_it() {
     let dir = scratch("unreachable");
     // Port 1 on loopback: nothing listens there.
