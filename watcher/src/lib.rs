@@ -359,6 +359,10 @@ pub(crate) fn give_back_freed_memory() {
     }
 }
 
+/// How often the index of a daemon sharing its database catches up with appends made
+/// through the others.
+const SHARED_INDEX_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The indexer thread: catches the index up with every stream, then indexes each
 /// stream named on `appended` (names that queue up while it works are read once).
 /// Errors are logged with the stream and never stop it.
@@ -377,7 +381,33 @@ fn index_appends(store: &Store, recall: &Recall, appended: mpsc::Receiver<String
         Err(e) => tracing::error!("search index: catching up failed: {e}"),
     }
     give_back_freed_memory();
-    while let Ok(first) = appended.recv() {
+    loop {
+        // A shared database: text appended through other daemons arrives unannounced;
+        // every second without an append here, the index catches up with all of it.
+        let first = match store.is_shared() {
+            true => match appended.recv_timeout(SHARED_INDEX_POLL) {
+                Ok(name) => name,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    match memagent_memory::sync_all(store, recall) {
+                        Ok(done) => {
+                            for (stream, r) in done.iter().filter(|(_, r)| r.bytes > 0) {
+                                tracing::debug!(
+                                    "search index: `{stream}`: {} bytes appended elsewhere",
+                                    r.bytes
+                                );
+                            }
+                        }
+                        Err(e) => tracing::error!("search index: catching up failed: {e}"),
+                    }
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            },
+            false => match appended.recv() {
+                Ok(name) => name,
+                Err(_) => break,
+            },
+        };
         let mut names = vec![first];
         names.extend(appended.try_iter());
         names.sort();

@@ -204,6 +204,27 @@ fn daemons_sharing_a_database_step_each_stream_once_and_survive_sigkill_and_sigs
         }
         assert_eq!(chunks.last().unwrap().end, s.log_len);
     }
+    // Search answers the same through every daemon: each one's index caught up with
+    // text appended through the database, not through it.
+    let found: Vec<String> = daemons[1..]
+        .iter()
+        .map(|daemon| {
+            wait_for(
+                "the text in the daemon's index",
+                Duration::from_secs(60),
+                || {
+                    let out =
+                        daemon.memctl(&["search", "s07", "shelf 13 holds 713 lamps", "--json"]);
+                    let hits: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+                    let first = hits["passages"].as_array()?.first()?["text"]
+                        .as_str()?
+                        .to_string();
+                    first.contains("713 lamps").then_some(first)
+                },
+            )
+        })
+        .collect();
+    assert_eq!(found[0], found[1]);
     for daemon in daemons.iter_mut().skip(1) {
         assert!(daemon.is_running(), "{}", daemon.log_text());
         daemon.stop();
