@@ -38,6 +38,9 @@ const PIECE: usize = 1 << 20;
 /// The database's clock, in milliseconds since 1970: every lease is judged by it.
 const NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::BIGINT";
 
+/// The advisory lock (its key: "memagent" in ASCII) held while the schema is migrated.
+const MIGRATION_LOCK: i64 = 0x6d65_6d61_6765_6e74;
+
 /// Connections a store keeps open at most.
 const CONNECTIONS: usize = 8;
 
@@ -107,12 +110,18 @@ impl PgStore {
         };
         store.run(async {
             let mut client = store.client().await?;
-            schema::migrations::runner()
-                .run_async(&mut **client)
-                .await
-                .map_err(|e| {
-                    Error::Database(format!("{}: migrating the schema: {e}", store.location))
-                })?;
+            // Daemons starting at once take turns: the first migrates, the others find
+            // the schema current.
+            client
+                .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
+                .await?;
+            let migrated = schema::migrations::runner().run_async(&mut **client).await;
+            client
+                .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
+                .await?;
+            migrated.map_err(|e| {
+                Error::Database(format!("{}: migrating the schema: {e}", store.location))
+            })?;
             Ok(())
         })?;
         Ok(store)

@@ -346,6 +346,33 @@ fn streams_are_listed_by_name_and_removed_with_everything_they_have() {
 }
 
 #[test]
+fn daemons_starting_at_once_on_an_empty_database_migrate_it_once() {
+    let url = fresh_database("migrate_race");
+    let stores: Vec<Store> = std::thread::scope(|scope| {
+        let started: Vec<_> = (0..4)
+            .map(|i| {
+                let url = url.clone();
+                scope.spawn(move || {
+                    Store::open_with(&scratch(&format!("migrate-race-{i}")), Some(&url))
+                })
+            })
+            .collect();
+        started
+            .into_iter()
+            .map(|h| h.join().unwrap().unwrap())
+            .collect()
+    });
+    // Each works on the one schema.
+    stores[0].append("shared", b"from 0\n", None).unwrap();
+    stores[3].append("shared", b"from 3\n", None).unwrap();
+    let s = stores[1].require("shared").unwrap();
+    assert_eq!(
+        stores[2].read_log(&s, 0, s.log_len).unwrap(),
+        b"from 0\nfrom 3\n"
+    );
+}
+
+#[test]
 fn one_process_uses_a_data_directory_whichever_the_backend() {
     // The search index and the daemon's socket in it are that process's: a second
     // memctl on the same directory is told who holds it (and talks to the daemon).
