@@ -2,15 +2,19 @@
 //! starts, or `MEMAGENT_TEST_DATABASE`): each stream is stepped by one daemon at a time
 //! under its lease; one killed with SIGKILL mid-run leaves its streams to the others;
 //! one paused with SIGSTOP past its lease finds, when it wakes, that its leases went to
-//! the others, and writes nothing stale. Every log reads back as appended and every
-//! memory chain is continuous.
+//! the others, and writes nothing stale; all the while, 30 more streams grow a line at a
+//! time. Every log reads back as acknowledged and every memory chain is continuous.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use memagent_store::{Store, GENERAL};
 
 use super::{test_root, wait_for, Daemon, QUICK_STEPS};
+
+/// Streams appended to a line at a time while the daemons are killed and stopped.
+const LIVE: usize = 30;
 
 /// A fresh database on the test server; its URL.
 fn fresh_database(name: &str) -> String {
@@ -79,6 +83,73 @@ fn signal(daemon: &Daemon, signal: i32) {
     assert_eq!(unsafe { libc::kill(daemon.pid(), signal) }, 0);
 }
 
+/// SIGKILL daemon a once it holds leases, until the others hold its streams; then
+/// SIGSTOP daemon b (once `daemon status` shows its leases) until its leases lapse, and
+/// SIGCONT it.
+fn faults(daemons: &mut [Daemon], store: &Store) {
+    wait_for("daemon a to hold leases", Duration::from_secs(120), || {
+        holders(store).values().any(|(o, _)| o == "a").then_some(())
+    });
+    daemons[0].kill();
+    let a_held: Vec<u64> = holders(store)
+        .into_iter()
+        .filter(|(_, (o, _))| o == "a")
+        .map(|(id, _)| id)
+        .collect();
+    // Its streams go on with the others within the lease time.
+    wait_for(
+        "a's streams to be taken over",
+        Duration::from_secs(60),
+        || {
+            let now = holders(store);
+            a_held
+                .iter()
+                .all(|id| now.get(id).is_none_or(|(o, _)| o != "a"))
+                .then_some(())
+        },
+    );
+    // `daemon status` says which daemon steps which stream.
+    wait_for(
+        "b's status to show its leases",
+        Duration::from_secs(120),
+        || {
+            let status = daemons[1].try_status()?;
+            status["streams"]
+                .as_array()?
+                .iter()
+                .any(|s| s["lease"]["owner"] == "b")
+                .then_some(())
+        },
+    );
+    signal(&daemons[1], libc::SIGSTOP);
+    wait_for("b's leases to lapse", Duration::from_secs(60), || {
+        holders(store).values().all(|(o, _)| o != "b").then_some(())
+    });
+    signal(&daemons[1], libc::SIGCONT);
+}
+
+/// Appends a line at a time to [`LIVE`] streams through the database until `stop`:
+/// what each stream was acknowledged, in order.
+fn append_lines(dir: &std::path::Path, url: &str, stop: &AtomicBool) -> Vec<String> {
+    let store = Store::open_with(dir, Some(url)).unwrap();
+    let mut acked = vec![String::new(); LIVE];
+    let mut n = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        let i = n % LIVE;
+        let line = format!("Live line {n} of stream {i}: gauge {n} reads {}.\n", n * 7);
+        if store
+            .append(&format!("live{i:02}"), line.as_bytes(), None)
+            .is_ok()
+        {
+            acked[i].push_str(&line);
+        }
+        n += 1;
+        // Pacing: a line every 20 ms, not a wait for anything.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    acked
+}
+
 #[test]
 fn daemons_sharing_a_database_step_each_stream_once_and_survive_sigkill_and_sigstop() {
     let url = fresh_database("shared_daemons");
@@ -115,54 +186,14 @@ fn daemons_sharing_a_database_step_each_stream_once_and_survive_sigkill_and_sigs
     }
     let store = Store::open_with(&root.join("observer"), Some(&url)).unwrap();
 
-    // Once daemon a holds leases and has stepped, SIGKILL it mid-run.
-    wait_for("daemon a to hold leases", Duration::from_secs(120), || {
-        holders(&store)
-            .values()
-            .any(|(o, _)| o == "a")
-            .then_some(())
+    // The faults, while 30 more streams grow a line at a time.
+    let stop = AtomicBool::new(false);
+    let live = std::thread::scope(|scope| {
+        let appender = scope.spawn(|| append_lines(&root.join("live-appender"), &url, &stop));
+        faults(&mut daemons, &store);
+        stop.store(true, Ordering::Relaxed);
+        appender.join().unwrap()
     });
-    daemons[0].kill();
-    let a_held: Vec<u64> = holders(&store)
-        .into_iter()
-        .filter(|(_, (o, _))| o == "a")
-        .map(|(id, _)| id)
-        .collect();
-    // Its streams go on with the others within the lease time.
-    wait_for(
-        "a's streams to be taken over",
-        Duration::from_secs(60),
-        || {
-            let now = holders(&store);
-            a_held
-                .iter()
-                .all(|id| now.get(id).is_none_or(|(o, _)| o != "a"))
-                .then_some(())
-        },
-    );
-
-    // Pause daemon b past its lease while it works, then let it go on.
-    // `daemon status` says which daemon steps which stream.
-    wait_for(
-        "b's status to show its leases",
-        Duration::from_secs(120),
-        || {
-            let status = daemons[1].try_status()?;
-            status["streams"]
-                .as_array()?
-                .iter()
-                .any(|s| s["lease"]["owner"] == "b")
-                .then_some(())
-        },
-    );
-    signal(&daemons[1], libc::SIGSTOP);
-    wait_for("b's leases to lapse", Duration::from_secs(60), || {
-        holders(&store)
-            .values()
-            .all(|(o, _)| o != "b")
-            .then_some(())
-    });
-    signal(&daemons[1], libc::SIGCONT);
 
     wait_for(
         "every stream read into memory",
@@ -181,26 +212,36 @@ fn daemons_sharing_a_database_step_each_stream_once_and_survive_sigkill_and_sigs
         },
     );
 
-    for i in 0..streams {
-        let s = store.require(&format!("s{i:02}")).unwrap();
-        assert_eq!(
-            store.read_log(&s, 0, s.log_len).unwrap(),
-            text(i).as_bytes(),
-            "s{i:02}: the log as appended"
+    let appended: Vec<(String, String)> = (0..streams)
+        .map(|i| (format!("s{i:02}"), text(i)))
+        .chain(
+            live.into_iter()
+                .enumerate()
+                .filter(|(_, acked)| !acked.is_empty())
+                .map(|(i, acked)| (format!("live{i:02}"), acked)),
+        )
+        .collect();
+    assert!(appended.len() > streams, "no live line was acknowledged");
+    assert_eq!(store.streams().unwrap().len(), appended.len());
+    for (name, sent) in &appended {
+        let s = store.require(name).unwrap();
+        assert!(
+            store.read_log(&s, 0, s.log_len).unwrap() == sent.as_bytes(),
+            "{name}: the log is not what was acknowledged"
         );
         let versions = store.versions(&s, GENERAL).unwrap();
         let chunks = store.chunks(&s).unwrap();
-        assert!(!versions.is_empty(), "s{i:02} was never stepped");
+        assert!(!versions.is_empty(), "{name} was never stepped");
         // One version per chunk, each reading the chunk after its parent's: a chain
         // without gaps or a step written twice.
         for (n, v) in versions.iter().enumerate() {
-            assert_eq!(v.version, n as u64 + 1, "s{i:02}: {versions:#?}");
-            assert_eq!(v.parent, (n > 0).then_some(n as u64), "s{i:02}: its parent");
-            assert_eq!(v.chunk, Some(n as u64), "s{i:02}: version {}", v.version);
+            assert_eq!(v.version, n as u64 + 1, "{name}: {versions:#?}");
+            assert_eq!(v.parent, (n > 0).then_some(n as u64), "{name}: its parent");
+            assert_eq!(v.chunk, Some(n as u64), "{name}: version {}", v.version);
         }
         assert_eq!(chunks.len(), versions.len());
         for pair in chunks.windows(2) {
-            assert_eq!(pair[0].end, pair[1].start, "s{i:02}: chunks continuous");
+            assert_eq!(pair[0].end, pair[1].start, "{name}: chunks continuous");
         }
         assert_eq!(chunks.last().unwrap().end, s.log_len);
     }
