@@ -271,3 +271,80 @@ fn daemons_sharing_a_database_step_each_stream_once_and_survive_sigkill_and_sigs
         daemon.stop();
     }
 }
+
+/// `scripts/test-postgres ACTION DIR`, its standard output.
+fn server_script(action: &str, dir: &std::path::Path) -> String {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/test-postgres");
+    let out = std::process::Command::new(script)
+        .args([action, dir.to_str().unwrap()])
+        .output()
+        .expect("run scripts/test-postgres");
+    assert!(
+        out.status.success(),
+        "scripts/test-postgres {action}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// The process id of the server running in `dir` (its `postmaster.pid`'s first line).
+fn postmaster(dir: &std::path::Path) -> String {
+    let pid = std::fs::read_to_string(dir.join("data/postmaster.pid")).unwrap();
+    pid.lines().next().unwrap_or_default().to_string()
+}
+
+#[test]
+fn a_daemon_goes_on_when_its_database_restarts_and_loses_nothing_acknowledged() {
+    let root = test_root("pg-restart");
+    // A server of this test's own, to restart.
+    let pg = root.join("pg");
+    let url = server_script("start", &pg);
+    let config = format!("database = \"{url}\"\n");
+    let dir = root.join("daemon");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut args = QUICK_STEPS.to_vec();
+    args.extend(["--name", "d", "--lease-seconds", "2", "--embedder", "none"]);
+    let mut daemon = Daemon::start(&dir, &config, &args);
+    // Lines appended through the daemon's API, one `memctl ingest` each; the server
+    // restarts after the 15th. What each ingest acknowledged is kept, in order.
+    let mut acked = String::new();
+    let mut refused = 0;
+    for n in 0..40 {
+        if n == 15 {
+            let before = postmaster(&pg);
+            server_script("restart", &pg);
+            assert_ne!(postmaster(&pg), before, "the server restarted");
+        }
+        let line = format!("Line {n}: the gauge in room {n} reads {}.\n", n * 13);
+        let file = root.join(format!("line-{n}.txt"));
+        std::fs::write(&file, &line).unwrap();
+        let out = daemon.memctl(&["ingest", "notes", file.to_str().unwrap()]);
+        match out.status.success() {
+            true => acked.push_str(&line),
+            false => refused += 1,
+        }
+    }
+    assert!(
+        acked.len() > 30 * 40,
+        "most appends acknowledged ({refused} refused)"
+    );
+    let store = Store::open_with(&root.join("observer"), Some(&url)).unwrap();
+    wait_for("the log read into memory", Duration::from_secs(300), || {
+        all_read(&store).then_some(())
+    });
+    let s = store.require("notes").unwrap();
+    assert!(
+        store.read_log(&s, 0, s.log_len).unwrap() == acked.as_bytes(),
+        "the log is not what was acknowledged"
+    );
+    let versions = store.versions(&s, GENERAL).unwrap();
+    for (n, v) in versions.iter().enumerate() {
+        assert_eq!(v.version, n as u64 + 1);
+        assert_eq!(v.chunk, Some(n as u64));
+    }
+    assert_eq!(store.chunks(&s).unwrap().last().unwrap().end, s.log_len);
+    assert!(daemon.is_running(), "{}", daemon.log_text());
+    daemon.stop();
+    drop(store);
+    server_script("stop", &pg);
+}
