@@ -128,19 +128,35 @@ fn faults(daemons: &mut [Daemon], store: &Store) {
     signal(&daemons[1], libc::SIGCONT);
 }
 
-/// Appends a line at a time to [`LIVE`] streams through the database until `stop`:
-/// what each stream was acknowledged, in order.
-fn append_lines(dir: &std::path::Path, url: &str, stop: &AtomicBool) -> Vec<String> {
+/// Appends a line at a time to [`LIVE`] streams until `stop`, through the database and
+/// through the daemon `through`: what each stream was acknowledged, in order.
+fn append_lines(
+    dir: &std::path::Path,
+    url: &str,
+    through: &Daemon,
+    stop: &AtomicBool,
+) -> Vec<String> {
     let store = Store::open_with(dir, Some(url)).unwrap();
     let mut acked = vec![String::new(); LIVE];
     let mut n = 0usize;
     while !stop.load(Ordering::Relaxed) {
         let i = n % LIVE;
+        let stream = format!("live{i:02}");
         let line = format!("Live line {n} of stream {i}: gauge {n} reads {}.\n", n * 7);
-        if store
-            .append(&format!("live{i:02}"), line.as_bytes(), None)
-            .is_ok()
-        {
+        // Every fourth line through a daemon's API (whichever daemon steps the stream),
+        // the others straight to the database.
+        let stored = match n % 4 {
+            0 => {
+                let file = dir.join(format!("line-{n}.txt"));
+                std::fs::write(&file, &line).unwrap();
+                through
+                    .memctl(&["ingest", &stream, file.to_str().unwrap()])
+                    .status
+                    .success()
+            }
+            _ => store.append(&stream, line.as_bytes(), None).is_ok(),
+        };
+        if stored {
             acked[i].push_str(&line);
         }
         n += 1;
@@ -189,8 +205,11 @@ fn daemons_sharing_a_database_step_each_stream_once_and_survive_sigkill_and_sigs
     // The faults, while 30 more streams grow a line at a time.
     let stop = AtomicBool::new(false);
     let live = std::thread::scope(|scope| {
-        let appender = scope.spawn(|| append_lines(&root.join("live-appender"), &url, &stop));
-        faults(&mut daemons, &store);
+        let (faulty, steady) = daemons.split_at_mut(2);
+        let steady = &steady[0];
+        let appender =
+            scope.spawn(|| append_lines(&root.join("live-appender"), &url, steady, &stop));
+        faults(faulty, &store);
         stop.store(true, Ordering::Relaxed);
         appender.join().unwrap()
     });
