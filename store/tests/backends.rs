@@ -412,7 +412,8 @@ fn stream_of(store: &Store, lease: &Lease) -> StreamRecord {
         .unwrap()
 }
 
-/// Takes leases for `owner` until one on `stream` comes (deadline 10 s).
+/// Takes leases for `owner` until one on `stream` comes (deadline 10 s): each try is a
+/// transaction on the server, which paces the polling.
 fn wait_for_lease(store: &Store, owner: &str, stream: u64) -> Lease {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -424,7 +425,6 @@ fn wait_for_lease(store: &Store, owner: &str, stream: u64) -> Lease {
             Instant::now() < deadline,
             "{owner} never got stream {stream}"
         );
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -6,46 +6,20 @@
 //! time. Every log reads back as acknowledged and every memory chain is continuous.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::time::Duration;
 
 use memagent_store::{Store, GENERAL};
 
 use super::{test_root, wait_for, Daemon, QUICK_STEPS};
 
+#[path = "../../../store/tests/support/database.rs"]
+mod database;
+
+use database::fresh_database;
+
 /// Streams appended to a line at a time while the daemons are killed and stopped.
 const LIVE: usize = 30;
-
-/// A fresh database on the test server; its URL.
-fn fresh_database(name: &str) -> String {
-    let server = std::env::var("MEMAGENT_TEST_DATABASE").expect(
-        "MEMAGENT_TEST_DATABASE is not set: run the tests with scripts/test, which starts a \
-         throwaway PostgreSQL, or set it to a server's URL",
-    );
-    let config: tokio_postgres::Config = server.parse().expect("MEMAGENT_TEST_DATABASE");
-    let db = format!("memagent_{name}_{}", std::process::id());
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
-        tokio::spawn(connection);
-        for sql in [
-            format!("DROP DATABASE IF EXISTS {db}"),
-            format!("CREATE DATABASE {db}"),
-        ] {
-            client.batch_execute(&sql).await.unwrap();
-        }
-    });
-    let host = match config.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-        _ => "localhost".to_string(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    let user = config.get_user().unwrap_or("postgres");
-    format!("postgres://{user}@{host}:{port}/{db}")
-}
 
 /// The text of stream `i`: a few 64-token chunks of numbered sentences.
 fn text(i: usize) -> String {
@@ -128,18 +102,19 @@ fn faults(daemons: &mut [Daemon], store: &Store) {
     signal(&daemons[1], libc::SIGCONT);
 }
 
-/// Appends a line at a time to [`LIVE`] streams until `stop`, through the database and
-/// through the daemon `through`: what each stream was acknowledged, in order.
+/// Appends a line at a time to [`LIVE`] streams, through the database and through the
+/// daemon `through`, until `stop` says so (waiting for it up to 20 ms between lines):
+/// what each stream was acknowledged, in order.
 fn append_lines(
     dir: &std::path::Path,
     url: &str,
     through: &Daemon,
-    stop: &AtomicBool,
+    stop: mpsc::Receiver<()>,
 ) -> Vec<String> {
     let store = Store::open_with(dir, Some(url)).unwrap();
     let mut acked = vec![String::new(); LIVE];
     let mut n = 0usize;
-    while !stop.load(Ordering::Relaxed) {
+    loop {
         let i = n % LIVE;
         let stream = format!("live{i:02}");
         let line = format!("Live line {n} of stream {i}: gauge {n} reads {}.\n", n * 7);
@@ -160,8 +135,10 @@ fn append_lines(
             acked[i].push_str(&line);
         }
         n += 1;
-        // Pacing: a line every 20 ms, not a wait for anything.
-        std::thread::sleep(Duration::from_millis(20));
+        match stop.recv_timeout(Duration::from_millis(20)) {
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            _ => break,
+        }
     }
     acked
 }
@@ -203,14 +180,14 @@ fn daemons_sharing_a_database_step_each_stream_once_and_survive_sigkill_and_sigs
     let store = Store::open_with(&root.join("observer"), Some(&url)).unwrap();
 
     // The faults, while 30 more streams grow a line at a time.
-    let stop = AtomicBool::new(false);
+    let (stop, stopped) = mpsc::channel();
     let live = std::thread::scope(|scope| {
         let (faulty, steady) = daemons.split_at_mut(2);
         let steady = &steady[0];
         let appender =
-            scope.spawn(|| append_lines(&root.join("live-appender"), &url, steady, &stop));
+            scope.spawn(|| append_lines(&root.join("live-appender"), &url, steady, stopped));
         faults(faulty, &store);
-        stop.store(true, Ordering::Relaxed);
+        stop.send(()).unwrap();
         appender.join().unwrap()
     });
 
