@@ -72,7 +72,11 @@ impl PgStore {
         })?;
         let lock = crate::lock_dir(dir)?;
         let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
-            Error::Database(format!("the database URL is not one PostgreSQL reads: {e}"))
+            Error::Database(format!(
+                "the database URL is not one PostgreSQL reads ({}): write it as \
+                     postgres://user@host:port/dbname",
+                causes(&e)
+            ))
         })?;
         if config.get_password().is_none() {
             if let Ok(password) = std::env::var("PGPASSWORD") {
@@ -135,10 +139,14 @@ impl PgStore {
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {
-        self.pool
-            .get()
-            .await
-            .map_err(|e| Error::Database(format!("cannot reach {}: {e}", self.location)))
+        self.pool.get().await.map_err(|e| {
+            Error::Database(format!(
+                "cannot reach {}: {}; is the server running, and are the URL and \
+                     PGPASSWORD right?",
+                self.location,
+                causes(&e)
+            ))
+        })
     }
 
     /// `work` in one transaction, committed when it returns Ok.
@@ -161,6 +169,21 @@ impl PgStore {
             Ok(client.query(sql, params).await?)
         })
     }
+}
+
+/// An error with its causes, "outer: inner: …" (the pool's and the client's own
+/// messages leave out why a connection failed).
+fn causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            text = format!("{text}: {said}");
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// Whether a PostgreSQL URL (or key=value string) carries a password.
