@@ -26,6 +26,18 @@ pub trait Backend: Send + Sync {
 
     fn stream(&self, name: &str) -> Result<Option<StreamRecord>>;
     fn streams(&self) -> Result<Vec<StreamRecord>>;
+    /// The streams with text their general memory has not read, with where that memory
+    /// has read to, by name.
+    fn unread(&self) -> Result<Vec<(StreamRecord, u64)>> {
+        let mut unread = Vec::new();
+        for stream in self.streams()? {
+            let offset = self.cursor(&stream, crate::GENERAL)?.offset;
+            if offset < stream.log_len {
+                unread.push((stream, offset));
+            }
+        }
+        Ok(unread)
+    }
     /// The stream, created empty if it does not exist (the name is already checked).
     fn create_stream(&self, name: &str) -> Result<StreamRecord>;
     /// Deletes a stream with every record it has; `Error::NoStream` when none is named so.

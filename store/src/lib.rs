@@ -198,6 +198,13 @@ impl Store {
         self.backend.streams()
     }
 
+    /// The streams with text their general memory has not read, with the offset that
+    /// memory has read to, by name (one query on PostgreSQL, whatever the number of
+    /// streams).
+    pub fn unread(&self) -> Result<Vec<(StreamRecord, u64)>> {
+        self.backend.unread()
+    }
+
     /// Whether `name` can name a stream: 1 to 128 characters, none a control character.
     pub fn check_name(name: &str) -> Result<()> {
         if name.is_empty() || name.chars().count() > 128 || name.chars().any(char::is_control) {

@@ -71,18 +71,7 @@ impl PgStore {
             source,
         })?;
         let lock = crate::lock_dir(dir)?;
-        let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
-            Error::Database(format!(
-                "the database URL is not one PostgreSQL reads ({}): write it as \
-                     postgres://user@host:port/dbname",
-                causes(&e)
-            ))
-        })?;
-        if config.get_password().is_none() {
-            if let Ok(password) = std::env::var("PGPASSWORD") {
-                config.password(password);
-            }
-        }
+        let config = parse_url(url)?;
         let location = describe(&config);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -132,10 +121,12 @@ impl PgStore {
     }
 
     /// Runs `work` to its end on the calling thread, its connections driven by the
-    /// store's runtime.
+    /// store's runtime. Outside tokio's task budget: on a thread of another tokio
+    /// runtime, a spent budget defers the wake-up to that runtime's next turn, which a
+    /// thread blocked here never takes, and the call would wait forever.
     fn run<T>(&self, work: impl Future<Output = Result<T>>) -> Result<T> {
         let _entered = self.runtime.enter();
-        futures_executor::block_on(work)
+        futures_executor::block_on(tokio::task::coop::unconstrained(work))
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {
@@ -184,6 +175,98 @@ fn causes(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+/// A PostgreSQL URL read as a connection's configuration, the password taken from
+/// `PGPASSWORD` where the URL has none.
+fn parse_url(url: &str) -> Result<tokio_postgres::Config> {
+    let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
+        Error::Database(format!(
+            "the database URL is not one PostgreSQL reads ({}): write it as \
+             postgres://user@host:port/dbname",
+            causes(&e)
+        ))
+    })?;
+    if config.get_password().is_none() {
+        if let Ok(password) = std::env::var("PGPASSWORD") {
+            config.password(password);
+        }
+    }
+    Ok(config)
+}
+
+/// Runs `sql` statements one after another on the server `server` names, each outside
+/// any transaction (as CREATE and DROP DATABASE must be).
+fn administer(server: &str, sql: &[String]) -> Result<()> {
+    let config = parse_url(server)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Database(format!("{}: {e}", describe(&config))))?;
+    runtime.block_on(async {
+        let (client, connection) = config.connect(NoTls).await.map_err(|e| {
+            Error::Database(format!(
+                "cannot reach {}: {}",
+                describe(&config),
+                causes(&e)
+            ))
+        })?;
+        tokio::spawn(connection);
+        for statement in sql {
+            client.batch_execute(statement).await?;
+        }
+        Ok(())
+    })
+}
+
+/// A database name made only of ASCII letters, digits and underscores (so it needs no
+/// quoting), or an error that says so.
+fn plain_name(name: &str) -> Result<&str> {
+    match !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        true => Ok(name),
+        false => Err(Error::Database(format!(
+            "`{name}` is not a database name this can create: use letters, digits and _"
+        ))),
+    }
+}
+
+/// A fresh, empty database `name` on the server `server` names (one left by that name
+/// is dropped first), for tests and benchmarks: its URL, with the server's user, host,
+/// port and password.
+pub fn fresh_database(server: &str, name: &str) -> Result<String> {
+    let name = plain_name(name)?;
+    administer(
+        server,
+        &[
+            format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+            format!("CREATE DATABASE {name}"),
+        ],
+    )?;
+    let config = parse_url(server)?;
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        _ => "localhost".to_string(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("postgres");
+    // A password from PGPASSWORD stays there, out of the URL.
+    let password = match url_has_password(server) {
+        true => config
+            .get_password()
+            .map(|p| format!(":{}", String::from_utf8_lossy(p)))
+            .unwrap_or_default(),
+        false => String::new(),
+    };
+    Ok(format!("postgres://{user}{password}@{host}:{port}/{name}"))
+}
+
+/// Drops the database `name` on the server `server` names, closing its connections.
+pub fn drop_database(server: &str, name: &str) -> Result<()> {
+    let name = plain_name(name)?;
+    administer(
+        server,
+        &[format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")],
+    )
 }
 
 /// Whether a PostgreSQL URL (or key=value string) carries a password.
@@ -578,6 +661,22 @@ impl Backend for PgStore {
             .collect();
         streams.sort_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()));
         Ok(streams)
+    }
+
+    /// One query, whatever the number of streams.
+    fn unread(&self) -> Result<Vec<(StreamRecord, u64)>> {
+        let rows = self.query(
+            "SELECT s.*, coalesce(c.byte_offset, 0) AS read_to FROM streams s \
+             LEFT JOIN cursors c ON c.stream_id = s.id AND c.chain = 0 \
+             WHERE s.log_len > coalesce(c.byte_offset, 0)",
+            &[],
+        )?;
+        let mut unread: Vec<(StreamRecord, u64)> = rows
+            .iter()
+            .map(|row| (stream_row(row), unsigned(row.get("read_to"))))
+            .collect();
+        unread.sort_by(|a, b| a.0.name.as_bytes().cmp(b.0.name.as_bytes()));
+        Ok(unread)
     }
 
     fn create_stream(&self, name: &str) -> Result<StreamRecord> {

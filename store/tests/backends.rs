@@ -569,3 +569,35 @@ fn the_embedded_database_leases_every_pending_stream_to_its_one_process() {
         "nothing left"
     );
 }
+
+#[test]
+fn many_calls_from_one_task_of_another_tokio_runtime_all_return() {
+    // A daemon's API handler calls the store from its async workers. Tokio lends each
+    // task a budget of operations; a call made after the budget is spent must still
+    // return, not wait for a turn of the caller's runtime that never comes.
+    let store = std::sync::Arc::new(postgres("async_caller"));
+    let name = "s";
+    store.append(name, b"one line\n", None).unwrap();
+    let (done, finished) = std::sync::mpsc::channel();
+    let caller = store.clone();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let found = runtime.block_on(async {
+            let task = tokio::spawn(async move {
+                (0..1000)
+                    .filter(|_| caller.stream(name).unwrap().is_some())
+                    .count()
+            });
+            task.await.unwrap()
+        });
+        let _ = done.send(found);
+    });
+    let found = finished
+        .recv_timeout(Duration::from_secs(120))
+        .expect("store calls from a tokio task stopped returning");
+    assert_eq!(found, 1000);
+}

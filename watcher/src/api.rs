@@ -24,6 +24,7 @@
 //! framework's own rejections (malformed JSON, a missing field, a body over the limit:
 //! 413 with `limit_bytes`, [`BODY_LIMIT`]).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use axum::extract::{Query, Request, State};
@@ -301,7 +302,21 @@ pub fn stream_rows(store: &Store) -> memagent_store::Result<Vec<Value>> {
 /// left out and `store` says why).
 async fn status(State(state): State<AppState>) -> ApiResult {
     let rows = store_call(&state, "reading the streams".into(), |state| {
-        Ok(stream_rows(&state.store)?)
+        let mut rows = stream_rows(&state.store)?;
+        let records: HashMap<String, _> = state
+            .store
+            .streams()?
+            .into_iter()
+            .map(|r| (r.name.clone(), r))
+            .collect();
+        for row in &mut rows {
+            let Some(record) = row["stream"].as_str().and_then(|name| records.get(name)) else {
+                continue;
+            };
+            row["indexed_bytes"] = state.recall.stream_state(record.id).len.into();
+            row["index_lag_bytes"] = memagent_memory::index_lag(&state.recall, record).into();
+        }
+        Ok(rows)
     })
     .await;
     Ok(Json(status_of(&state, rows)))
@@ -327,15 +342,6 @@ fn status_of(state: &AppState, rows: ApiResult<Vec<Value>>) -> Value {
             "last_update": s.and_then(|s| s.last_update),
             "last_error": s.and_then(|s| s.last_error.clone()),
         });
-        if let Ok(Some(record)) = state.store.stream(&name) {
-            let extra = json!({
-                "indexed_bytes": state.recall.stream_state(record.id).len,
-                "index_lag_bytes": memagent_memory::index_lag(&state.recall, &record),
-            });
-            if let (Value::Object(row), Value::Object(extra)) = (&mut *row, extra) {
-                row.extend(extra);
-            }
-        }
         if let (Value::Object(row), Value::Object(extra)) = (row, extra) {
             row.extend(extra);
         }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use memagent_recall::Recall;
-use memagent_store::{Lease, MemoryVersion, StandingAnswer, Store, GENERAL};
+use memagent_store::{Lease, MemoryVersion, StandingAnswer, Store};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::WatchConfig;
@@ -340,13 +340,20 @@ fn leased_pending(
         }
     }
     let mut pending = Vec::new();
-    for stream in store.streams()? {
-        let Some(lease) = kept.get(&stream.id) else {
-            continue;
-        };
-        if store.cursor(&stream, GENERAL)?.offset < stream.log_len {
+    let mut unread = HashSet::new();
+    for (stream, _) in store.unread()? {
+        unread.insert(stream.id);
+        if let Some(lease) = kept.get(&stream.id) {
             pending.push((stream.name, lease.clone()));
-        } else if let Some(lease) = kept.remove(&stream.id) {
+        }
+    }
+    let read: Vec<u64> = kept
+        .keys()
+        .filter(|id| !unread.contains(id))
+        .copied()
+        .collect();
+    for id in read {
+        if let Some(lease) = kept.remove(&id) {
             store.release_lease(&lease)?;
         }
     }
