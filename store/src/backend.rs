@@ -84,9 +84,16 @@ pub trait Backend: Send + Sync {
 
     /// Leases for `owner` on up to `max` streams with text their general memory has not
     /// read, free or expired, each for `ttl_ms` (see [`crate::Store::take_leases`]).
-    fn take_leases(&self, owner: &str, max: usize, ttl_ms: u64) -> Result<Vec<Lease>>;
-    /// The lease again for `ttl_ms` more, when it is still its owner's at its epoch.
-    fn renew_lease(&self, lease: &Lease, ttl_ms: u64) -> Result<Option<Lease>>;
+    fn take_leases(
+        &self,
+        owner: &str,
+        max: usize,
+        ttl_ms: u64,
+        fresh_bytes: u64,
+    ) -> Result<Vec<Lease>>;
+    /// Each of `leases` again for `ttl_ms` more where it is still its owner's at its
+    /// epoch, in one statement: those renewed.
+    fn renew_leases(&self, leases: &[Lease], ttl_ms: u64) -> Result<Vec<Lease>>;
     /// Gives the lease up (nothing when it is no longer its owner's).
     fn release_lease(&self, lease: &Lease) -> Result<()>;
     /// Every lease, with the database's clock now (ms), for status.

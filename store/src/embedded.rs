@@ -605,7 +605,13 @@ impl Backend for SledStore {
         Ok(record)
     }
 
-    fn take_leases(&self, owner: &str, max: usize, _ttl_ms: u64) -> Result<Vec<Lease>> {
+    fn take_leases(
+        &self,
+        owner: &str,
+        max: usize,
+        _ttl_ms: u64,
+        _fresh_bytes: u64,
+    ) -> Result<Vec<Lease>> {
         let mut out = Vec::new();
         for stream in self.streams()? {
             if out.len() == max {
@@ -623,8 +629,8 @@ impl Backend for SledStore {
         Ok(out)
     }
 
-    fn renew_lease(&self, lease: &Lease, _ttl_ms: u64) -> Result<Option<Lease>> {
-        Ok(Some(lease.clone()))
+    fn renew_leases(&self, leases: &[Lease], _ttl_ms: u64) -> Result<Vec<Lease>> {
+        Ok(leases.to_vec())
     }
 
     fn release_lease(&self, _lease: &Lease) -> Result<()> {

@@ -335,14 +335,34 @@ impl Store {
     /// (rows another is taking are skipped, not waited for); taking an expired lease
     /// raises its epoch, which fences the old owner's commits. The embedded database has
     /// one process, whose leases never end.
-    pub fn take_leases(&self, owner: &str, max: usize, ttl_ms: u64) -> Result<Vec<Lease>> {
-        self.backend.take_leases(owner, max, ttl_ms)
+    ///
+    /// New text goes ahead of backlog across daemons as it does in one: streams with at
+    /// most `fresh_bytes` unread (a conversation's next turns) are leased before streams
+    /// with more (a folder of old notes); within each, the stream held least recently
+    /// first, so backlogs take turns.
+    pub fn take_leases(
+        &self,
+        owner: &str,
+        max: usize,
+        ttl_ms: u64,
+        fresh_bytes: u64,
+    ) -> Result<Vec<Lease>> {
+        self.backend.take_leases(owner, max, ttl_ms, fresh_bytes)
     }
 
     /// Renews a lease for `ttl_ms` from now; `None` when it is lost (expired and taken,
     /// or released).
     pub fn renew_lease(&self, lease: &Lease, ttl_ms: u64) -> Result<Option<Lease>> {
-        self.backend.renew_lease(lease, ttl_ms)
+        Ok(self.renew_leases(std::slice::from_ref(lease), ttl_ms)?.pop())
+    }
+
+    /// Renews `leases` for `ttl_ms` from now, in one statement: those still held,
+    /// renewed, by stream id (a lost one is left out).
+    pub fn renew_leases(&self, leases: &[Lease], ttl_ms: u64) -> Result<Vec<Lease>> {
+        match leases.is_empty() {
+            true => Ok(Vec::new()),
+            false => self.backend.renew_leases(leases, ttl_ms),
+        }
     }
 
     /// Gives a lease up, so that another daemon may take the stream at once.

@@ -1129,10 +1129,18 @@ impl Backend for PgStore {
         })
     }
 
-    fn take_leases(&self, owner: &str, max: usize, ttl_ms: u64) -> Result<Vec<Lease>> {
+    fn take_leases(
+        &self,
+        owner: &str,
+        max: usize,
+        ttl_ms: u64,
+        fresh_bytes: u64,
+    ) -> Result<Vec<Lease>> {
         // Streams with text the general memory has not read, unleased or expired; rows
-        // another daemon is taking are skipped. The upsert's guard takes a lease only
-        // when it is still expired, so two daemons never both get one.
+        // another daemon is taking are skipped. Fresh streams first, then the one held
+        // least recently (a released one expired when it was
+        // released). The upsert's guard takes a
+        // lease only when it is still expired, so two daemons never both get one.
         let sql = format!(
             "WITH free AS (\
                SELECT s.id FROM streams s \
@@ -1140,7 +1148,9 @@ impl Backend for PgStore {
                LEFT JOIN leases l ON l.stream_id = s.id \
                WHERE s.log_len > coalesce(c.byte_offset, 0) \
                  AND (l.stream_id IS NULL OR l.expires_at < {NOW_MS}) \
-               ORDER BY s.id LIMIT $2 FOR UPDATE OF s SKIP LOCKED) \
+               ORDER BY s.log_len - coalesce(c.byte_offset, 0) > $4, \
+                 coalesce(l.expires_at, 0), s.id \
+               LIMIT $2 FOR UPDATE OF s SKIP LOCKED) \
              INSERT INTO leases (stream_id, owner, epoch, expires_at) \
              SELECT id, $1, 1, {NOW_MS} + $3 FROM free \
              ON CONFLICT (stream_id) DO UPDATE SET owner = EXCLUDED.owner, \
@@ -1150,7 +1160,10 @@ impl Backend for PgStore {
         );
         let rows = self.transaction(async |tx| {
             Ok(tx
-                .query(&sql, &[&owner, &(max as i64), &big(ttl_ms)])
+                .query(
+                    &sql,
+                    &[&owner, &(max as i64), &big(ttl_ms), &big(fresh_bytes)],
+                )
                 .await?)
         })?;
         let mut leases: Vec<Lease> = rows.iter().map(lease_row).collect();
@@ -1158,28 +1171,33 @@ impl Backend for PgStore {
         Ok(leases)
     }
 
-    fn renew_lease(&self, lease: &Lease, ttl_ms: u64) -> Result<Option<Lease>> {
+    fn renew_leases(&self, leases: &[Lease], ttl_ms: u64) -> Result<Vec<Lease>> {
+        let owners: Vec<&str> = leases.iter().map(|l| l.owner.as_str()).collect();
+        let streams: Vec<i64> = leases.iter().map(|l| big(l.stream)).collect();
+        let epochs: Vec<i64> = leases.iter().map(|l| big(l.epoch)).collect();
         let rows = self.query(
             &format!(
-                "UPDATE leases SET expires_at = {NOW_MS} + $4 WHERE stream_id = $1 AND \
-                 owner = $2 AND epoch = $3 AND expires_at >= {NOW_MS} \
+                "UPDATE leases SET expires_at = {NOW_MS} + $4 \
+                 WHERE (stream_id, owner, epoch) IN \
+                   (SELECT * FROM unnest($1::BIGINT[], $2::TEXT[], $3::BIGINT[])) \
+                 AND expires_at >= {NOW_MS} \
                  RETURNING stream_id, owner, epoch, expires_at"
             ),
-            &[
-                &big(lease.stream),
-                &lease.owner,
-                &big(lease.epoch),
-                &big(ttl_ms),
-            ],
+            &[&streams, &owners, &epochs, &big(ttl_ms)],
         )?;
-        Ok(rows.first().map(lease_row))
+        let mut renewed: Vec<Lease> = rows.iter().map(lease_row).collect();
+        renewed.sort_by_key(|l| l.stream);
+        Ok(renewed)
     }
 
-    /// Expired at once rather than deleted: the epoch only ever rises.
+    /// Expired at once (a millisecond ago, which also dates when the stream was last
+    /// held) rather than deleted: the epoch only ever rises.
     fn release_lease(&self, lease: &Lease) -> Result<()> {
         self.query(
-            "UPDATE leases SET expires_at = 0 WHERE stream_id = $1 AND owner = $2 AND \
-             epoch = $3",
+            &format!(
+                "UPDATE leases SET expires_at = {NOW_MS} - 1 WHERE stream_id = $1 AND \
+                 owner = $2 AND epoch = $3"
+            ),
             &[&big(lease.stream), &lease.owner, &big(lease.epoch)],
         )?;
         Ok(())

@@ -417,7 +417,7 @@ fn stream_of(store: &Store, lease: &Lease) -> StreamRecord {
 fn wait_for_lease(store: &Store, owner: &str, stream: u64) -> Lease {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let taken = store.take_leases(owner, 100, 60_000).unwrap();
+        let taken = store.take_leases(owner, 100, 60_000, 0).unwrap();
         if let Some(lease) = taken.into_iter().find(|l| l.stream == stream) {
             return lease;
         }
@@ -440,13 +440,20 @@ fn a_stream_is_leased_to_one_daemon_and_a_late_commit_is_fenced() {
     // Nothing left to read: never leased.
     a.create_stream("idle").unwrap();
     let ttl = 300;
-    let mine = a.take_leases("daemon-a", 4, ttl).unwrap();
+    let mine = a.take_leases("daemon-a", 4, ttl, 0).unwrap();
     assert_eq!(mine.len(), 4);
-    let theirs = b.take_leases("daemon-b", 10, ttl).unwrap();
+    let theirs = b.take_leases("daemon-b", 10, ttl, 0).unwrap();
     assert_eq!(theirs.len(), 2, "only the streams daemon-a did not take");
     assert!(theirs
         .iter()
         .all(|t| mine.iter().all(|m| m.stream != t.stream)));
+
+    // Three of them renewed for a minute in one statement; the first left to expire.
+    let kept = a.renew_leases(&mine[1..], 60_000).unwrap();
+    assert_eq!(kept.len(), 3);
+    assert!(kept.iter().zip(&mine[1..]).all(|(k, m)| k.stream == m.stream
+        && k.epoch == m.epoch
+        && k.expires_ms > m.expires_ms));
 
     let lease = mine[0].clone();
     let s = stream_of(&a, &lease);
@@ -484,6 +491,15 @@ fn a_stream_is_leased_to_one_daemon_and_a_late_commit_is_fenced() {
     assert_eq!(b.versions(&s, GENERAL).unwrap(), [v1]);
     assert_eq!(b.cursor(&s, GENERAL).unwrap(), k1);
     assert!(a.renew_lease(&lease, ttl).unwrap().is_none());
+    // Renewed together, the leases daemon-a still holds come back, the lost one not.
+    let still: Vec<u64> = a
+        .renew_leases(&mine, 60_000)
+        .unwrap()
+        .iter()
+        .map(|l| l.stream)
+        .collect();
+    let held: Vec<u64> = mine[1..].iter().map(|l| l.stream).collect();
+    assert_eq!(still, held);
 
     // The new owner commits, renews and gives the stream up; the other takes it at once.
     b.commit_step_under(&taken, &s, GENERAL, &c2, &v2, &k2)
@@ -498,12 +514,41 @@ fn a_stream_is_leased_to_one_daemon_and_a_late_commit_is_fenced() {
         .iter()
         .any(|l| l.stream == s.id && l.owner == "daemon-b" && l.expires_ms > now));
     b.release_lease(&renewed).unwrap();
-    let back = a.take_leases("daemon-a", 100, 60_000).unwrap();
+    let back = a.take_leases("daemon-a", 100, 60_000, 0).unwrap();
     let back = back
         .iter()
         .find(|l| l.stream == s.id)
         .expect("released: free at once");
     assert_eq!(back.epoch, taken.epoch + 1, "epochs only rise");
+}
+
+#[test]
+fn new_text_is_leased_ahead_of_backlog_and_backlogs_take_turns() {
+    let url = fresh_database("lease_order");
+    let store = Store::open_with(&scratch("lease-order"), Some(&url)).unwrap();
+    let fresh_bytes = 4096;
+    let backlog = "an old note to read some day\n".repeat(1000);
+    for name in ["old-a", "old-b", "old-c"] {
+        store.append(name, backlog.as_bytes(), None).unwrap();
+    }
+    // Created last (the highest id), with a turn of new text: leased first.
+    store.append("chat", b"Gina: I flew to Rome yesterday.\n", None).unwrap();
+    let id = |name: &str| store.stream(name).unwrap().unwrap().id;
+    let first = store.take_leases("d1", 1, 60_000, fresh_bytes).unwrap();
+    assert_eq!(first.iter().map(|l| l.stream).collect::<Vec<_>>(), [id("chat")]);
+    // A backlog held and given back waits behind the backlogs never held.
+    let second = store.take_leases("d1", 1, 60_000, fresh_bytes).unwrap();
+    assert_eq!(second[0].stream, id("old-a"));
+    store.release_lease(&second[0]).unwrap();
+    let next: Vec<u64> = store
+        .take_leases("d2", 2, 60_000, fresh_bytes)
+        .unwrap()
+        .iter()
+        .map(|l| l.stream)
+        .collect();
+    assert_eq!(next, [id("old-b"), id("old-c")]);
+    let last = store.take_leases("d2", 2, 60_000, fresh_bytes).unwrap();
+    assert_eq!(last.iter().map(|l| l.stream).collect::<Vec<_>>(), [id("old-a")]);
 }
 
 #[test]
@@ -525,7 +570,7 @@ fn daemons_taking_leases_at_once_never_share_a_stream() {
                     // Each takes a few at a time, as daemons do, until none is left.
                     loop {
                         let got = store
-                            .take_leases(&format!("daemon-{d}"), 4, 60_000)
+                            .take_leases(&format!("daemon-{d}"), 4, 60_000, 0)
                             .unwrap();
                         if got.is_empty() {
                             break;
@@ -551,7 +596,7 @@ fn the_embedded_database_leases_every_pending_stream_to_its_one_process() {
     let store = sled("leases");
     store.append("a", b"pending\n", None).unwrap();
     store.create_stream("idle").unwrap();
-    let leases = store.take_leases("me", 10, 1).unwrap();
+    let leases = store.take_leases("me", 10, 1, 0).unwrap();
     assert_eq!(leases.len(), 1);
     let s = store.require("a").unwrap();
     assert_eq!(leases[0].stream, s.id);
@@ -565,7 +610,7 @@ fn the_embedded_database_leases_every_pending_stream_to_its_one_process() {
         .commit_step_under(&leases[0], &s, GENERAL, &c, &v, &cursor)
         .unwrap();
     assert!(
-        store.take_leases("me", 10, 1).unwrap().is_empty(),
+        store.take_leases("me", 10, 1, 0).unwrap().is_empty(),
         "nothing left"
     );
 }

@@ -129,6 +129,7 @@ pub fn run(
             &info.model,
         )
     });
+    let chunk_tokens = info.chunk_tokens;
     let state = api::AppState {
         store: store.clone(),
         engine: engine.clone(),
@@ -171,6 +172,7 @@ pub fn run(
                 .collect(),
             owner: options.name.clone(),
             lease: options.lease,
+            fresh_bytes: (chunk_tokens * BYTES_PER_TOKEN) as u64,
         };
         let scheduler = tokio::spawn(scheduler.run(arrivals_rx, shutdown_rx.clone()));
         let servers = listeners.serve(api::router(state), &options, &shutdown_rx);
@@ -358,6 +360,10 @@ pub(crate) fn give_back_freed_memory() {
         libc::malloc_trim(0);
     }
 }
+
+/// Bytes a token takes in English text, about: turns a chunk's tokens into the unread
+/// bytes up to which a stream is leased as fresh.
+const BYTES_PER_TOKEN: usize = 4;
 
 /// How often the index of a daemon sharing its database catches up with appends made
 /// through the others.

@@ -46,6 +46,8 @@ pub(crate) struct Scheduler {
     pub owner: String,
     /// How long a lease lasts unless renewed.
     pub lease: Duration,
+    /// Unread bytes up to which a stream is leased as fresh, ahead of backlogs.
+    pub fresh_bytes: u64,
 }
 
 impl Scheduler {
@@ -177,10 +179,11 @@ impl Scheduler {
             // Off the workers: a store stuck on a failing disk holds up the scheduler
             // alone, never the API.
             let (store, owner, lease) = (self.store.clone(), self.owner.clone(), self.lease);
-            let held = std::mem::take(&mut state.held);
-            let leased =
-                tokio::task::spawn_blocking(move || leased_pending(&store, &owner, held, lease))
-                    .await;
+            let (held, fresh) = (std::mem::take(&mut state.held), self.fresh_bytes);
+            let leased = tokio::task::spawn_blocking(move || {
+                leased_pending(&store, &owner, held, lease, fresh)
+            })
+            .await;
             let pending = match leased {
                 Ok(Ok((pending, held))) => {
                     state.held = held;
@@ -315,27 +318,31 @@ fn leased_pending(
     owner: &str,
     held: Held,
     ttl: Duration,
+    fresh_bytes: u64,
 ) -> memagent_store::Result<(Vec<(String, Lease)>, Held)> {
     let ttl_ms = ttl.as_millis() as u64;
     let mut kept = HashMap::new();
-    for (id, lease) in held {
-        match store.renew_lease(&lease, ttl_ms)? {
-            Some(renewed) => {
-                kept.insert(id, renewed);
-            }
-            None => tracing::warn!(
-                "stream {id}: the lease (epoch {}) expired or was taken over; its steps \
-                 go on elsewhere",
+    let held: Vec<Lease> = held.into_values().collect();
+    let renewed = store.renew_leases(&held, ttl_ms)?;
+    for lease in held {
+        if !renewed.iter().any(|r| r.stream == lease.stream) {
+            tracing::warn!(
+                "stream {}: the lease (epoch {}) expired or was taken over; its steps go on \
+                 elsewhere",
+                lease.stream,
                 lease.epoch
-            ),
+            );
         }
+    }
+    for lease in renewed {
+        kept.insert(lease.stream, lease);
     }
     let room = match store.is_shared() {
         true => LEASES_HELD.saturating_sub(kept.len()),
         false => usize::MAX,
     };
     if room > 0 {
-        for lease in store.take_leases(owner, room, ttl_ms)? {
+        for lease in store.take_leases(owner, room, ttl_ms, fresh_bytes)? {
             kept.insert(lease.stream, lease);
         }
     }
