@@ -1094,6 +1094,17 @@ pub enum BenchCommand {
     /// difference), and the lag from a turn through the proxy to the memory version that
     /// holds it
     Proxy(BenchProxyArgs),
+    /// Many daemons sharing one PostgreSQL database (`--database`): memory steps per
+    /// second of 1, 2 and 3 daemons (child processes) reading the same streams under
+    /// leases, each run on a fresh database. The model is a loopback stand-in that
+    /// answers at once (so the figure is the store's and the leases'), or a served one
+    #[command(after_help = "Examples:\n  \
+        memctl --database postgres://memagent@127.0.0.1:5432/postgres bench shared\n  \
+        memctl --database postgres://… bench shared --daemons 1,2 --streams 40 \\\n    \
+        --upstream http://127.0.0.1:8080/v1   # llama-server -np 4\n\n\
+        Each run creates a database on the server (the URL's user needs CREATEDB) and drops \
+        it after.")]
+    Shared(BenchSharedArgs),
     /// The daemon killed with SIGKILL at random moments and restarted, N times, while a
     /// watched chat log grows by a line every 50 ms and the API and the proxy are used:
     /// then every chat line is in its stream's log byte for byte, every acknowledged
@@ -1330,6 +1341,34 @@ pub struct BenchQaArgs {
     pub json: bool,
     #[command(flatten)]
     pub run: LoopArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchSharedArgs {
+    /// Numbers of daemons, one run each
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+    pub daemons: Vec<usize>,
+    /// Streams appended to at the start of each run
+    #[arg(long, default_value_t = 300)]
+    pub streams: usize,
+    /// Chunks of text each stream gets
+    #[arg(long, default_value_t = 4)]
+    pub chunks: usize,
+    /// Tokens per chunk
+    #[arg(long, default_value_t = 64)]
+    pub chunk_tokens: usize,
+    /// The daemons' lease time
+    #[arg(long, default_value_t = 30.0, value_name = "SECS")]
+    pub lease_seconds: f64,
+    /// An OpenAI-compatible server the daemons step with, in place of the stand-in
+    #[arg(long, value_name = "URL")]
+    pub upstream: Option<String>,
+    /// With --upstream: the served model's name (llama-server takes any)
+    #[arg(long, value_name = "NAME")]
+    pub remote_model: Option<String>,
+    /// Print results as JSON
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

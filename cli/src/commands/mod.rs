@@ -9,7 +9,7 @@ mod mcp;
 mod model;
 pub(crate) mod recall;
 pub(crate) mod streams;
-mod tokenize;
+pub(crate) mod tokenize;
 mod watch;
 
 use std::io::Write;

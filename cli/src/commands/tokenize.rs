@@ -6,12 +6,21 @@ use memagent_engine::{GgufFile, Tokenizer};
 use crate::cli::TokenizeArgs;
 use crate::settings::Settings;
 
+/// The tokenizer `--tokenizer` names (a tokenizer.json or a GGUF file), else the model
+/// file's (a GGUF file's header alone is read: no weights are loaded to tokenize); with
+/// the file it came from.
+pub fn tokenizer(global: &Settings) -> Result<(Tokenizer, std::path::PathBuf)> {
+    Ok(match &global.tokenizer {
+        Some(path) => (Tokenizer::from_file(path)?, path.clone()),
+        None => {
+            let model = global.model_path()?;
+            (Tokenizer::from_gguf(&GgufFile::open(&model)?)?, model)
+        }
+    })
+}
+
 pub fn run(global: &Settings, args: &TokenizeArgs) -> Result<()> {
-    let tokenizer = match &global.tokenizer {
-        Some(json) => Tokenizer::from_json_file(json)?,
-        // Only the header is read: no weights are loaded to tokenize.
-        None => Tokenizer::from_gguf(&GgufFile::open(&global.model_path()?)?)?,
-    };
+    let (tokenizer, _) = tokenizer(global)?;
     let ids = tokenizer.encode(&args.text, false)?;
     let mut out = std::io::stdout().lock();
     if args.json {

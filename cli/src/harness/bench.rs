@@ -1001,26 +1001,36 @@ fn busy_lag(
 /// A loopback OpenAI-compatible server that answers every chat request at once, echoing
 /// its last message: its base URL, served while the runtime lives.
 pub(crate) fn echo_upstream() -> Result<(String, tokio::runtime::Runtime)> {
+    loopback_upstream(|last| last.to_string())
+}
+
+/// A loopback OpenAI-compatible server (a stand-in for a served model) that answers
+/// every chat request at once with `reply` to its last message: its base URL, served
+/// while the runtime lives.
+pub(crate) fn loopback_upstream(
+    reply: impl Fn(&str) -> String + Clone + Send + Sync + 'static,
+) -> Result<(String, tokio::runtime::Runtime)> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()?;
     let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
     let url = format!("http://{}/v1", listener.local_addr()?);
-    let echo = |axum::Json(body): axum::Json<serde_json::Value>| async move {
-        let last = body["messages"]
-            .as_array()
-            .and_then(|m| m.last())
-            .map_or(String::new(), |m| {
-                m["content"].as_str().unwrap_or("").to_string()
-            });
-        axum::Json(serde_json::json!({
-            "id": "echo", "object": "chat.completion", "created": 0, "model": "echo",
-            "choices": [{"index": 0, "finish_reason": "stop",
-                "message": {"role": "assistant", "content": last}}],
-        }))
+    let answer = move |axum::Json(body): axum::Json<serde_json::Value>| {
+        let reply = reply.clone();
+        async move {
+            let last = body["messages"]
+                .as_array()
+                .and_then(|m| m.last())
+                .map_or("", |m| m["content"].as_str().unwrap_or(""));
+            axum::Json(serde_json::json!({
+                "id": "stand-in", "object": "chat.completion", "created": 0, "model": "stand-in",
+                "choices": [{"index": 0, "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": reply(last)}}],
+            }))
+        }
     };
-    let app = axum::Router::new().route("/v1/chat/completions", axum::routing::post(echo));
+    let app = axum::Router::new().route("/v1/chat/completions", axum::routing::post(answer));
     runtime.spawn(async move { axum::serve(listener, app).await });
     Ok((url, runtime))
 }

@@ -8,6 +8,7 @@ mod qa;
 mod recall_bench;
 mod ruler;
 mod sessions;
+mod shared_bench;
 mod soak;
 mod train;
 mod train_sample;
@@ -30,6 +31,7 @@ pub fn bench(global: &Settings, command: BenchCommand) -> Result<()> {
         BenchCommand::Loop(args) => loop_bench::run(global, &args),
         BenchCommand::Proxy(args) => bench::proxy(global, &args),
         BenchCommand::Soak(args) => soak::run(global, &args),
+        BenchCommand::Shared(args) => shared_bench::run(global, &args),
     }
 }
 
