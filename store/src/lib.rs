@@ -353,7 +353,9 @@ impl Store {
     /// Renews a lease for `ttl_ms` from now; `None` when it is lost (expired and taken,
     /// or released).
     pub fn renew_lease(&self, lease: &Lease, ttl_ms: u64) -> Result<Option<Lease>> {
-        Ok(self.renew_leases(std::slice::from_ref(lease), ttl_ms)?.pop())
+        Ok(self
+            .renew_leases(std::slice::from_ref(lease), ttl_ms)?
+            .pop())
     }
 
     /// Renews `leases` for `ttl_ms` from now, in one statement: those still held,

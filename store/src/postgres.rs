@@ -105,13 +105,31 @@ impl PgStore {
             let mut client = store.client().await?;
             // Daemons starting at once take turns: the first migrates, the others find
             // the schema current.
-            client
+            // An engine without advisory locks (some PostgreSQL-compatible ones) migrates
+            // unguarded: there, start one process first.
+            let locked = match client
                 .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
-                .await?;
+                .await
+            {
+                Ok(_) => true,
+                Err(e)
+                    if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_FUNCTION) =>
+                {
+                    tracing::warn!(
+                        "{}: no advisory locks, so processes starting at once could race to \
+                         migrate the schema; start one first",
+                        store.location
+                    );
+                    false
+                }
+                Err(e) => return Err(e.into()),
+            };
             let migrated = schema::migrations::runner().run_async(&mut **client).await;
-            client
-                .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
-                .await?;
+            if locked {
+                client
+                    .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
+                    .await?;
+            }
             migrated.map_err(|e| {
                 Error::Database(format!("{}: migrating the schema: {e}", store.location))
             })?;
@@ -540,7 +558,16 @@ async fn put_version(
     Ok(())
 }
 
+/// Writes a cursor; the general memory's is also kept on the stream's row (`read_to`,
+/// which the partial index of unread streams compares with `log_len`).
 async fn put_cursor(tx: &Transaction<'_>, stream: u64, chain: u64, c: &Cursor) -> Result<()> {
+    if chain == GENERAL {
+        tx.execute(
+            "UPDATE streams SET read_to = $2 WHERE id = $1",
+            &[&big(stream), &big(c.offset)],
+        )
+        .await?;
+    }
     tx.execute(
         "INSERT INTO cursors (stream_id, chain, next_chunk, byte_offset, version) \
          VALUES ($1, $2, $3, $4, $5) ON CONFLICT (stream_id, chain) DO UPDATE SET \
@@ -665,12 +692,7 @@ impl Backend for PgStore {
 
     /// One query, whatever the number of streams.
     fn unread(&self) -> Result<Vec<(StreamRecord, u64)>> {
-        let rows = self.query(
-            "SELECT s.*, coalesce(c.byte_offset, 0) AS read_to FROM streams s \
-             LEFT JOIN cursors c ON c.stream_id = s.id AND c.chain = 0 \
-             WHERE s.log_len > coalesce(c.byte_offset, 0)",
-            &[],
-        )?;
+        let rows = self.query("SELECT * FROM streams WHERE log_len > read_to", &[])?;
         let mut unread: Vec<(StreamRecord, u64)> = rows
             .iter()
             .map(|row| (stream_row(row), unsigned(row.get("read_to"))))
@@ -1144,11 +1166,10 @@ impl Backend for PgStore {
         let sql = format!(
             "WITH free AS (\
                SELECT s.id FROM streams s \
-               LEFT JOIN cursors c ON c.stream_id = s.id AND c.chain = 0 \
                LEFT JOIN leases l ON l.stream_id = s.id \
-               WHERE s.log_len > coalesce(c.byte_offset, 0) \
+               WHERE s.log_len > s.read_to \
                  AND (l.stream_id IS NULL OR l.expires_at < {NOW_MS}) \
-               ORDER BY s.log_len - coalesce(c.byte_offset, 0) > $4, \
+               ORDER BY s.log_len - s.read_to > $4, \
                  coalesce(l.expires_at, 0), s.id \
                LIMIT $2 FOR UPDATE OF s SKIP LOCKED) \
              INSERT INTO leases (stream_id, owner, epoch, expires_at) \

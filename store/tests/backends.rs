@@ -451,9 +451,10 @@ fn a_stream_is_leased_to_one_daemon_and_a_late_commit_is_fenced() {
     // Three of them renewed for a minute in one statement; the first left to expire.
     let kept = a.renew_leases(&mine[1..], 60_000).unwrap();
     assert_eq!(kept.len(), 3);
-    assert!(kept.iter().zip(&mine[1..]).all(|(k, m)| k.stream == m.stream
-        && k.epoch == m.epoch
-        && k.expires_ms > m.expires_ms));
+    assert!(kept
+        .iter()
+        .zip(&mine[1..])
+        .all(|(k, m)| k.stream == m.stream && k.epoch == m.epoch && k.expires_ms > m.expires_ms));
 
     let lease = mine[0].clone();
     let s = stream_of(&a, &lease);
@@ -532,10 +533,15 @@ fn new_text_is_leased_ahead_of_backlog_and_backlogs_take_turns() {
         store.append(name, backlog.as_bytes(), None).unwrap();
     }
     // Created last (the highest id), with a turn of new text: leased first.
-    store.append("chat", b"Gina: I flew to Rome yesterday.\n", None).unwrap();
+    store
+        .append("chat", b"Gina: I flew to Rome yesterday.\n", None)
+        .unwrap();
     let id = |name: &str| store.stream(name).unwrap().unwrap().id;
     let first = store.take_leases("d1", 1, 60_000, fresh_bytes).unwrap();
-    assert_eq!(first.iter().map(|l| l.stream).collect::<Vec<_>>(), [id("chat")]);
+    assert_eq!(
+        first.iter().map(|l| l.stream).collect::<Vec<_>>(),
+        [id("chat")]
+    );
     // A backlog held and given back waits behind the backlogs never held.
     let second = store.take_leases("d1", 1, 60_000, fresh_bytes).unwrap();
     assert_eq!(second[0].stream, id("old-a"));
@@ -548,7 +554,46 @@ fn new_text_is_leased_ahead_of_backlog_and_backlogs_take_turns() {
         .collect();
     assert_eq!(next, [id("old-b"), id("old-c")]);
     let last = store.take_leases("d2", 2, 60_000, fresh_bytes).unwrap();
-    assert_eq!(last.iter().map(|l| l.stream).collect::<Vec<_>>(), [id("old-a")]);
+    assert_eq!(
+        last.iter().map(|l| l.stream).collect::<Vec<_>>(),
+        [id("old-a")]
+    );
+    // Read to its end, the chat is no longer unread; the backlogs are, from their start.
+    let chat = store.stream("chat").unwrap().unwrap();
+    let read = Cursor {
+        next_chunk: 1,
+        offset: chat.log_len,
+        version: 1,
+    };
+    store
+        .commit_step_under(
+            &first[0],
+            &chat,
+            GENERAL,
+            &chunk(0, 0, chat.log_len),
+            &model_version(1, 0, "v1"),
+            &read,
+        )
+        .unwrap();
+    let unread: Vec<(String, u64)> = store
+        .unread()
+        .unwrap()
+        .into_iter()
+        .map(|(s, offset)| (s.name, offset))
+        .collect();
+    assert_eq!(
+        unread,
+        [
+            ("old-a".into(), 0),
+            ("old-b".into(), 0),
+            ("old-c".into(), 0)
+        ]
+    );
+    store.release_lease(&first[0]).unwrap();
+    assert!(store
+        .take_leases("d3", 10, 60_000, fresh_bytes)
+        .unwrap()
+        .is_empty());
 }
 
 #[test]
