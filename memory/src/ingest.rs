@@ -22,6 +22,15 @@ pub use memagent_agent::{GENERAL_ANSWER, GENERAL_UPDATE};
 /// is trusted.
 const WINDOW_MARGIN_TOKENS: usize = 16;
 
+/// A stream's next chunk, read from the log and cut, for a memory step.
+pub struct Pending {
+    pub stream: StreamRecord,
+    /// The general memory's cursor the chunk was read at.
+    pub cursor: Cursor,
+    pub chunk: ChunkRecord,
+    pub text: String,
+}
+
 /// One committed step.
 #[derive(Debug, Clone)]
 pub struct StepOutcome {
@@ -175,12 +184,55 @@ impl<'a> Ingestor<'a> {
         self.step_many_leased(&unleased)
     }
 
+    /// The next chunk of `name`'s general memory, read and cut: `None` when nothing is
+    /// pending (or no stream has that name).
+    pub fn pending(&self, name: &str) -> Result<Option<Pending>> {
+        match self.store.stream(name)? {
+            Some(stream) => self.pending_of(stream),
+            None => Ok(None),
+        }
+    }
+
+    /// [`Ingestor::pending`] of a stream already read.
+    fn pending_of(&self, stream: StreamRecord) -> Result<Option<Pending>> {
+        let cursor = self.store.cursor(&stream, GENERAL)?;
+        Ok(self
+            .next_chunk(&stream, &cursor)?
+            .map(|(chunk, text)| Pending {
+                stream,
+                cursor,
+                chunk,
+                text,
+            }))
+    }
+
     /// [`Ingestor::step_many`] for a daemon that shares its database: each stream's step
     /// is committed under its lease ([`memagent_store::Store::commit_step_under`]), and
     /// refused when the lease was lost meanwhile.
     pub fn step_many_leased(
         &self,
         streams: &[(&str, Option<&Lease>)],
+    ) -> Vec<Result<Option<StepOutcome>>> {
+        let pending = streams
+            .iter()
+            .map(|(name, lease)| {
+                let read = self
+                    .store
+                    .require(name)
+                    .map_err(Error::from)
+                    .and_then(|stream| self.pending_of(stream));
+                (read, *lease)
+            })
+            .collect();
+        self.step_pending(pending)
+    }
+
+    /// Memory steps of chunks already read ([`Ingestor::pending`]), each committed under
+    /// its lease where it has one: one outcome per entry, in order (a chunk read in error
+    /// keeps its error; none pending, `None`).
+    pub fn step_pending(
+        &self,
+        streams: Vec<(Result<Option<Pending>>, Option<&Lease>)>,
     ) -> Vec<Result<Option<StepOutcome>>> {
         struct Ready {
             stream: StreamRecord,
@@ -189,12 +241,13 @@ impl<'a> Ingestor<'a> {
             text: String,
             previous: String,
         }
-        let prepare = |name: &str| -> Result<Option<Ready>> {
-            let stream = self.store.require(name)?;
-            let cursor = self.store.cursor(&stream, GENERAL)?;
-            let Some((chunk, text)) = self.next_chunk(&stream, &cursor)? else {
-                return Ok(None);
-            };
+        let prepare = |pending: Pending| -> Result<Ready> {
+            let Pending {
+                stream,
+                cursor,
+                chunk,
+                text,
+            } = pending;
             let previous = match cursor.version {
                 0 => NO_MEMORY.to_string(),
                 n => {
@@ -209,18 +262,19 @@ impl<'a> Ingestor<'a> {
             };
             // Refused before the model reads, when its commit would be.
             self.store.make_room((text.len() + previous.len()) as u64)?;
-            Ok(Some(Ready {
+            Ok(Ready {
                 stream,
                 cursor,
                 chunk,
                 text,
                 previous,
-            }))
+            })
         };
+        let leases: Vec<Option<&Lease>> = streams.iter().map(|(_, lease)| *lease).collect();
         let mut outcomes: Vec<Result<Option<StepOutcome>>> = Vec::with_capacity(streams.len());
         let mut ready = Vec::new();
-        for (i, (name, _)) in streams.iter().enumerate() {
-            match prepare(name) {
+        for (i, (read, _)) in streams.into_iter().enumerate() {
+            match read.and_then(|pending| pending.map(prepare).transpose()) {
                 Ok(Some(step)) => {
                     ready.push((i, step));
                     outcomes.push(Ok(None));
@@ -289,7 +343,7 @@ impl<'a> Ingestor<'a> {
                 offset: r.chunk.end,
                 version: version.version,
             };
-            let committed = match streams[*i].1 {
+            let committed = match leases[*i] {
                 Some(lease) => self
                     .store
                     .commit_step_under(lease, &r.stream, GENERAL, &r.chunk, &version, &next),

@@ -38,7 +38,7 @@ mod sources;
 pub use answer::{abstains, answer_with_evidence, Answered};
 pub use error::{Error, Result};
 pub use ingest::{
-    general_answers, DeepAnswer, Ingestor, StepOutcome, GENERAL_ANSWER, GENERAL_UPDATE,
+    general_answers, DeepAnswer, Ingestor, Pending, StepOutcome, GENERAL_ANSWER, GENERAL_UPDATE,
 };
 pub use query::{
     empty_memory, version_at, Answer, DeepRead, Mode, Plan, Query, TemplateId, PASSAGES_K,

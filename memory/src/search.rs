@@ -104,8 +104,9 @@ pub fn sync_stream(
 /// the database no longer has (removed, or an index beside another database).
 pub fn sync_all(store: &Store, recall: &Recall) -> Result<Vec<(String, SyncReport)>> {
     let streams = store.streams()?;
+    let stored: std::collections::HashSet<u64> = streams.iter().map(|s| s.id).collect();
     for id in recall.stream_ids() {
-        if !streams.iter().any(|s| s.id == id) {
+        if !stored.contains(&id) {
             recall.reset(Some(id)).map_err(Error::from)?;
         }
     }

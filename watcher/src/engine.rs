@@ -10,7 +10,7 @@ use memagent_engine::Message;
 use memagent_memory::{
     answer_with_evidence, Answer, Answered, Evidence, Ingestor, Plan, Query, StepOutcome,
 };
-use memagent_store::{Lease, MemoryVersion, Store, GENERAL};
+use memagent_store::{Lease, MemoryVersion};
 use tokio::sync::oneshot;
 
 /// What a step request did.
@@ -149,16 +149,11 @@ impl EngineHandle {
 }
 
 /// Serves requests until every sender is gone. Runs on the thread that owns the model.
-pub fn serve(
-    agent: &MemoryAgent<'_>,
-    store: &Store,
-    ingestor: &Ingestor<'_>,
-    requests: mpsc::Receiver<Request>,
-) {
+pub fn serve(agent: &MemoryAgent<'_>, ingestor: &Ingestor<'_>, requests: mpsc::Receiver<Request>) {
     for request in requests {
         match request {
             Request::Steps { streams, reply } => {
-                let _ = reply.send(Ok(steps(ingestor, store, &streams, agent)));
+                let _ = reply.send(Ok(steps(ingestor, &streams, agent)));
             }
             Request::Query { query, plan, reply } => {
                 let answered = query.answer(plan, ingestor, &mut |_, _, _| {});
@@ -189,50 +184,49 @@ pub fn serve(
 
 fn steps(
     ingestor: &Ingestor<'_>,
-    store: &Store,
     streams: &[Due],
     agent: &MemoryAgent<'_>,
 ) -> Vec<Result<Step, String>> {
-    // Which streams have a chunk to read now.
-    let check = |stream: &str, full_only: bool| -> memagent_memory::Result<Option<Step>> {
-        let Some(record) = store.stream(stream)? else {
-            return Ok(Some(Step::Nothing));
+    // Which streams have a chunk to read now: the chunk read here is the one stepped.
+    let check = |stream: &str,
+                 full_only: bool|
+     -> memagent_memory::Result<Result<memagent_memory::Pending, Step>> {
+        let Some(pending) = ingestor.pending(stream)? else {
+            return Ok(Err(Step::Nothing));
         };
-        let cursor = store.cursor(&record, GENERAL)?;
-        let Some((chunk, _)) = ingestor.next_chunk(&record, &cursor)? else {
-            return Ok(Some(Step::Nothing));
-        };
-        if full_only && (chunk.tokens as usize) < agent.profile.chunk_tokens {
-            return Ok(Some(Step::NotReady {
-                pending_tokens: chunk.tokens,
+        if full_only && (pending.chunk.tokens as usize) < agent.profile.chunk_tokens {
+            return Ok(Err(Step::NotReady {
+                pending_tokens: pending.chunk.tokens,
             }));
         }
-        Ok(None)
+        Ok(Ok(pending))
     };
     let failed = |stream: &str, e: memagent_memory::Error| format!("stream `{stream}`: {e}");
     let mut outcomes: Vec<Result<Step, String>> = Vec::with_capacity(streams.len());
-    let mut ready: Vec<(usize, &str, Option<&Lease>)> = Vec::new();
+    let mut ready = Vec::new();
     for (i, due) in streams.iter().enumerate() {
-        let (stream, full_only) = (&due.stream, &due.full_only);
         if ready.len() == MAX_BATCH {
             outcomes.push(Ok(Step::Deferred));
             continue;
         }
-        match check(stream, *full_only) {
-            Ok(Some(step)) => outcomes.push(Ok(step)),
-            Ok(None) => {
-                ready.push((i, stream.as_str(), due.lease.as_ref()));
+        match check(&due.stream, due.full_only) {
+            Ok(Err(step)) => outcomes.push(Ok(step)),
+            Ok(Ok(pending)) => {
+                ready.push((i, due.stream.as_str(), pending, due.lease.as_ref()));
                 outcomes.push(Ok(Step::Nothing));
             }
-            Err(e) => outcomes.push(Err(failed(stream, e))),
+            Err(e) => outcomes.push(Err(failed(&due.stream, e))),
         }
     }
-    let leased: Vec<(&str, Option<&Lease>)> = ready.iter().map(|(_, n, l)| (*n, *l)).collect();
-    for ((i, name, _), outcome) in ready.iter().zip(ingestor.step_many_leased(&leased)) {
-        outcomes[*i] = match outcome {
+    let (places, read): (Vec<(usize, &str)>, Vec<_>) = ready
+        .into_iter()
+        .map(|(i, name, pending, lease)| ((i, name), (Ok(Some(pending)), lease)))
+        .unzip();
+    for ((i, name), outcome) in places.into_iter().zip(ingestor.step_pending(read)) {
+        outcomes[i] = match outcome {
             Ok(Some(outcome)) => Ok(Step::Done {
                 outcome: Box::new(outcome),
-                backlog: matches!(check(name, true), Ok(None)),
+                backlog: matches!(check(name, true), Ok(Ok(_))),
             }),
             Ok(None) => Ok(Step::Nothing),
             Err(e) => Err(failed(name, e)),

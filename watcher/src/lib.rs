@@ -19,7 +19,7 @@
 //! let store = Arc::new(memagent_store::Store::open("/tmp/memagent-data".as_ref())?);
 //! let recall = Arc::new(memagent_recall::Recall::open("/tmp/memagent-data/index".as_ref(), None)?);
 //! let (engine, requests) = EngineHandle::channel();
-//! // The thread that owns the model runs `serve_engine(&agent, &store, …, requests)`.
+//! // The thread that owns the model runs `serve_engine(&agent, &ingestor, requests)`.
 //! # drop(requests);
 //! let info = DaemonInfo {
 //!     pid: std::process::id(),

@@ -202,7 +202,7 @@ fn start_engine(
                     let _ = ready_tx.send(Ok((model.clone(), agent.profile)));
                     let ingestor = memagent_memory::Ingestor::new(&store, agent, &model, &sha)
                         .with_writer(writer, embedder.as_deref());
-                    memagent_watcher::serve_engine(agent, &store, &ingestor, requests);
+                    memagent_watcher::serve_engine(agent, &ingestor, requests);
                     Ok(())
                 })
             })();
