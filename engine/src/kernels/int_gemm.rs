@@ -35,8 +35,9 @@ const ROWS: usize = 4;
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const AVX2_ROWS: usize = 2;
 
-/// How this CPU multiplies in 8-bit integers.
+/// How this CPU multiplies in 8-bit integers (elsewhere than x86-64, always portably).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 enum Kernel {
     /// AVX-512 VNNI: `vpdpbusd`, 64 products per instruction, for every block format.
     Vnni,

@@ -7,7 +7,9 @@
 //! in the same order whatever the number of rows, so a row's result never depends on the
 //! rows beside it.
 
-use super::rows::{half_at, in_groups};
+use super::rows::half_at;
+#[cfg(x86_avx2)]
+use super::rows::in_groups;
 
 /// Values per super-block.
 pub(crate) const QK_K: usize = 256;
