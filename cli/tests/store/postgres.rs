@@ -93,3 +93,45 @@ fn a_password_in_a_config_file_others_can_read_is_refused() {
     assert!(err.contains("127.0.0.1:1"), "{err}");
     assert!(!err.contains("hunter2"), "the password was printed: {err}");
 }
+
+#[test]
+fn bench_shared_steps_every_chunk_once_split_among_the_daemons() {
+    let dir = data_dir("bench-shared");
+    let out = run(
+        &dir,
+        &[
+            "--database",
+            &server(),
+            "bench",
+            "shared",
+            "--daemons",
+            "1,2",
+            "--streams",
+            "8",
+            "--chunks",
+            "2",
+            "--json",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runs = result["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    // The same text each run: the same steps, at least two a stream.
+    let steps: Vec<u64> = runs.iter().map(|r| r["steps"].as_u64().unwrap()).collect();
+    assert_eq!(steps[0], steps[1], "{result}");
+    assert!(steps[0] >= 16, "{result}");
+    for r in runs {
+        // Every step taken by one daemon, each daemon counted, none refused by the fence.
+        let by: Vec<u64> = r["steps_by_daemon"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_u64().unwrap())
+            .collect();
+        assert_eq!(by.len() as u64, r["daemons"].as_u64().unwrap(), "{r}");
+        assert_eq!(by.iter().sum::<u64>(), r["steps"].as_u64().unwrap(), "{r}");
+        assert_eq!(r["fenced"], 0, "{r}");
+        assert!(r["steps_per_second"].as_f64().unwrap() > 0.0, "{r}");
+    }
+}
