@@ -321,11 +321,14 @@ fn leased_pending(
     fresh_bytes: u64,
 ) -> memagent_store::Result<(Vec<(String, Lease)>, Held)> {
     let ttl_ms = ttl.as_millis() as u64;
-    let mut kept = HashMap::new();
     let held: Vec<Lease> = held.into_values().collect();
-    let renewed = store.renew_leases(&held, ttl_ms)?;
+    let mut kept: Held = store
+        .renew_leases(&held, ttl_ms)?
+        .into_iter()
+        .map(|lease| (lease.stream, lease))
+        .collect();
     for lease in held {
-        if !renewed.iter().any(|r| r.stream == lease.stream) {
+        if !kept.contains_key(&lease.stream) {
             tracing::warn!(
                 "stream {}: the lease (epoch {}) expired or was taken over; its steps go on \
                  elsewhere",
@@ -333,9 +336,6 @@ fn leased_pending(
                 lease.epoch
             );
         }
-    }
-    for lease in renewed {
-        kept.insert(lease.stream, lease);
     }
     let room = match store.is_shared() {
         true => LEASES_HELD.saturating_sub(kept.len()),
