@@ -175,7 +175,7 @@ pub const MEANING_ONLY_SIMILARITY: f32 = 0.35;
 /// passage holding a rare name near the top, so a name absent from the passages found is
 /// absent from the stream. A form is the word in any case, with another ending (the
 /// first six letters agree), or with one letter slipped ("Jean" for "John" is two
-/// letters, not one; "Johns" for "John" is one). Months and weekdays are not names:
+/// letters, not one; "Johns" for "John" is one). Months and weekdays ("Aug" too) are not names:
 /// chat turns carry their dates as times, not words.
 pub fn unmentioned(question: &str, found: &[Evidence], memory: &str) -> Option<String> {
     let mut stored: Vec<String> = words_of(memory);
@@ -424,6 +424,7 @@ mod tests {
         assert_eq!(absent("Who were John's Colleague friends?"), None);
         // A date is not a name the turns must say.
         assert_eq!(absent("Where was John in July 2023?"), None);
+        assert_eq!(absent("What did John get on Aug 15th?"), None);
         // Another name altogether.
         assert_eq!(
             absent("Which city have both Mary and John visited?"),

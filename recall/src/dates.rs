@@ -68,10 +68,24 @@ const MONTHS: [&str; 12] = [
     "december",
 ];
 
-/// Whether `word` names a month or a weekday (any case).
+/// Whether `word` names a month or a weekday (any case), whole or cut to its first
+/// three or four letters as dates are written ("Aug 15th", "Sept", "Tue").
 pub fn is_calendar_word(word: &str) -> bool {
     let word = word.to_lowercase();
-    MONTHS.contains(&word.as_str()) || weekday(&word).is_some()
+    const WEEKDAYS: [&str; 7] = [
+        "monday",
+        "tuesday",
+        "wednesday",
+        "thursday",
+        "friday",
+        "saturday",
+        "sunday",
+    ];
+    let cut = (3..=4).contains(&word.len());
+    MONTHS
+        .iter()
+        .chain(&WEEKDAYS)
+        .any(|name| *name == word || (cut && name.starts_with(word.as_str())))
 }
 
 fn weekday(word: &str) -> Option<Weekday> {
@@ -349,6 +363,18 @@ mod tests {
             means("last Sunday", "2023-01-01 10:00"),
             ["Sunday 25 December 2022"]
         );
+    }
+
+    #[test]
+    fn months_and_weekdays_are_calendar_words_whole_or_cut() {
+        for word in [
+            "May", "august", "Aug", "Sept", "Dec", "Tue", "Thur", "Sunday",
+        ] {
+            assert!(is_calendar_word(word), "{word}");
+        }
+        for word in ["Augustine", "Mayor", "Frida", "Ma", "Kofi", "Au"] {
+            assert!(!is_calendar_word(word), "{word}");
+        }
     }
 
     #[test]
