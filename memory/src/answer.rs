@@ -135,7 +135,15 @@ pub fn answer_with_evidence(
         let unit_said: Vec<Option<&str>> = units.iter().map(Option::as_deref).collect();
         let texts: Vec<&str> = a.units.iter().map(|(_, t)| t.as_str()).collect();
         let about = about_the_question(question, &texts, &unit_said);
-        let (mut answer, mut cited) = chosen_answer(question, &unit_said, &about, from_notes);
+        // When each passage's bearing turn was said, read from the whole passage: the
+        // sentences asked may have lost the time of the turn they come from.
+        let said_at: Vec<Option<NaiveDateTime>> = a
+            .units
+            .iter()
+            .map(|(i, _)| said_at(&a.passages[*i].hit.text, question))
+            .collect();
+        let (mut answer, mut cited) =
+            chosen_answer(question, &unit_said, &about, &said_at, from_notes);
         let mut model_answer = None;
         // A question asking when is answered with the date of the turn that bears on it
         // most: its relative date resolved, else the turn's own day.
@@ -177,17 +185,23 @@ pub fn answer_with_evidence(
     Ok(out)
 }
 
-/// The answer to `question` from what each passage said (oldest first; `None`: it did
-/// not say) and what the notes said, with the passages it cites: every distinct value
-/// when the question asks for all of them, else the newest passage's; the notes' answer
-/// when no passage says; else "not known".
+/// The answer to `question` from what each passage said (in the log's order, stream by
+/// stream; `None`: it did not say) and what the notes said, with the passages it cites:
+/// every distinct value when the question asks for all of them (between commas, in
+/// that order), else the newest passage's: the last in the log, unless another was said
+/// later by the times the passages show (`said_at`, see [`said_at`]; both must show
+/// one), then the latest said. A fact said again later replaces what was said before;
+/// the log orders one stream, the times order several ("Ravi moved to Krakow" in a chat
+/// of August against "Ravi lives in Graz" in notes of March imported after it). The
+/// notes' answer when no passage says; else "not known".
 fn chosen_answer(
     question: &str,
     said: &[Option<&str>],
     about: &[bool],
+    said_at: &[Option<NaiveDateTime>],
     from_notes: Option<String>,
 ) -> (String, Vec<usize>) {
-    let mut answering = said
+    let answering = said
         .iter()
         .enumerate()
         .filter(|&(i, _)| about[i])
@@ -201,14 +215,36 @@ fn chosen_answer(
         }
         kept
     } else {
-        answering.next_back().into_iter().collect()
+        let answering: Vec<(usize, &str)> = answering.collect();
+        let at = |i: usize| said_at.get(i).copied().flatten();
+        let newest = answering.last().copied();
+        // Another passage replaces the last in the log only by showing a later time: a
+        // passage without one (a chat stamping only a session's first turn) keeps its
+        // place.
+        let later = newest.and_then(|(n, _)| {
+            let after = at(n)?;
+            answering
+                .iter()
+                .copied()
+                .filter(|&(i, _)| at(i).is_some_and(|t| t > after))
+                .max_by_key(|&(i, _)| (at(i), i))
+        });
+        later.or(newest).into_iter().collect()
     };
     if cited.is_empty() {
         let answer =
             from_notes.unwrap_or_else(|| "Not mentioned in the passages found.".to_string());
         return (answer, Vec::new());
     }
-    let answer = cited.iter().map(|(_, s)| *s).collect::<Vec<_>>().join(" ");
+    // A list reads as one: its values without their closing stops, between commas.
+    let answer = match cited.as_slice() {
+        [(_, one)] => one.to_string(),
+        many => many
+            .iter()
+            .map(|(_, s)| s.trim_end_matches('.'))
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
     (answer, cited.into_iter().map(|(i, _)| i).collect())
 }
 
@@ -506,12 +542,67 @@ pub fn passage_date(passage: &str, question: &str) -> Option<String> {
     }
 }
 
-/// Whether a question asks for every value ("List all of them", "What are all …",
-/// "every", "each", "both").
+/// When the line of `passage` that bears most on `question` was said (see
+/// [`when_rank`]): its chat turn's time, or the last time shown before it; `None` for
+/// text without a time.
+fn said_at(passage: &str, question: &str) -> Option<NaiveDateTime> {
+    timed_lines(passage)
+        .into_iter()
+        .rev()
+        .max_by_key(|&(line, at)| when_rank(line, at, question))?
+        .1
+}
+
+/// Whether a question asks for every value: what it asks for is plural. Either the noun
+/// after "what" or "which" is ("What pets does Ana have?", "Which hidden numbers were
+/// recorded?", "What kinds of art …": the noun before "of"), or "what" is followed by
+/// "are" or "were" ("What are Ana's hobbies?"). The noun phrase ends at the first form
+/// of be, do, have or get. Read from the grammar, not from words such as "all" or
+/// "list": real questions ask for a list far more often by a plural than by such a word.
 fn asks_for_all(question: &str) -> bool {
-    question
-        .split(|c: char| !c.is_alphanumeric())
-        .any(|w| ["all", "list", "every", "each", "both"].contains(&w.to_lowercase().as_str()))
+    let words: Vec<String> = question
+        .split(|c: char| !c.is_alphanumeric() && c != '\'' && c != '\u{2019}')
+        .filter(|w| !w.is_empty())
+        .map(|w| w.to_lowercase().replace('\u{2019}', "'"))
+        .collect();
+    let [first, rest @ ..] = words.as_slice() else {
+        return false;
+    };
+    if !matches!(first.as_str(), "what" | "which") {
+        return false;
+    }
+    if rest
+        .first()
+        .is_some_and(|w| matches!(w.as_str(), "are" | "were"))
+    {
+        return true;
+    }
+    let phrase: Vec<&str> = rest
+        .iter()
+        .map(String::as_str)
+        .take_while(|w| !RESTATING.contains(w))
+        .collect();
+    let head = match phrase.iter().position(|w| *w == "of") {
+        Some(of) if of > 0 => phrase[of - 1],
+        _ => match phrase.last() {
+            Some(last) => last,
+            None => return false,
+        },
+    };
+    is_plural(head)
+}
+
+/// Whether a lower-case word reads as a plural noun: it ends in "s" (not "ss", "us" or
+/// "is", not a possessive) and its Porter stem drops that ending ("books" → "book",
+/// "activities" → "activ").
+fn is_plural(word: &str) -> bool {
+    word.len() >= 4
+        && word.ends_with('s')
+        && !word.ends_with("ss")
+        && !word.ends_with("us")
+        && !word.ends_with("is")
+        && !word.ends_with("'s")
+        && stems(word).first().is_some_and(|s| s != word)
 }
 
 /// An answer made without the model.
@@ -572,9 +663,36 @@ mod tests {
             None,
         ];
         let notes = Some("Ravi lives in Oslo.".to_string());
-        let (answer, cited) = chosen_answer(q, &said, &[true; 4], notes);
+        let (answer, cited) = chosen_answer(q, &said, &[true; 4], &[None; 4], notes);
         assert_eq!(answer, "Ravi moved to Krakow last month.");
         assert_eq!(cited, [2]);
+    }
+
+    #[test]
+    fn a_changed_fact_is_the_one_said_latest_by_the_times_shown() {
+        let q = "Where does Ravi live?";
+        // A chat of August, then notes of March imported after it: log order puts the
+        // notes last, their times put them first.
+        let texts = [
+            "[2023-08-02 18:30] user (Ana): Ravi moved to Krakow last week.",
+            "[2023-03-01 09:00] user: Ravi lives in Graz.",
+        ];
+        let said = [Some("Krakow"), Some("Graz")];
+        let at: Vec<Option<NaiveDateTime>> = texts.iter().map(|t| said_at(t, q)).collect();
+        assert_eq!(
+            at[1].map(|t| t.date()),
+            chrono::NaiveDate::from_ymd_opt(2023, 3, 1)
+        );
+        let (answer, cited) = chosen_answer(q, &said, &[true; 2], &at, None);
+        assert_eq!((answer.as_str(), cited), ("Krakow", vec![0]));
+        // Without times, the last in the log.
+        let (answer, _) = chosen_answer(q, &said, &[true; 2], &[None; 2], None);
+        assert_eq!(answer, "Graz");
+        // The last without a time keeps its place against an older one with one (a
+        // chat log stamping only the first turn of a session).
+        let (answer, _) = chosen_answer(q, &said, &[true; 2], &[at[0], None], None);
+        assert_eq!(answer, "Graz");
+        assert_eq!(said_at("Ravi lives in Graz.", q), None);
     }
 
     #[test]
@@ -604,7 +722,7 @@ mod tests {
         ];
         let said = [Some("It is 4522457."), Some("It is 8922960."), None];
         assert_eq!(about_the_question(q, &texts, &said), [true, false, false]);
-        let (answer, cited) = chosen_answer(q, &said, &[true, false, false], None);
+        let (answer, cited) = chosen_answer(q, &said, &[true, false, false], &[None; 3], None);
         assert_eq!((answer.as_str(), cited), ("It is 4522457.", vec![0]));
     }
 
@@ -617,17 +735,23 @@ mod tests {
             None,
             Some("the number is 41."),
         ];
-        let (answer, cited) = chosen_answer(q, &said, &[true; 4], None);
-        assert_eq!(answer, "The number is 41. The number is 7.");
+        let (answer, cited) = chosen_answer(q, &said, &[true; 4], &[None; 4], None);
+        assert_eq!(answer, "The number is 41, The number is 7");
         assert_eq!(cited, [0, 1]);
     }
 
     #[test]
     fn the_notes_answer_only_when_no_passage_says_then_not_known() {
         let q = "When is Kofi's birthday?";
-        let (answer, cited) = chosen_answer(q, &[None, None], &[true; 2], Some("On May 2.".into()));
+        let (answer, cited) = chosen_answer(
+            q,
+            &[None, None],
+            &[true; 2],
+            &[None; 2],
+            Some("On May 2.".into()),
+        );
         assert_eq!((answer.as_str(), cited.len()), ("On May 2.", 0));
-        let (answer, cited) = chosen_answer(q, &[None], &[true], None);
+        let (answer, cited) = chosen_answer(q, &[None], &[true], &[None], None);
         assert!(abstains(&answer), "{answer}");
         assert!(cited.is_empty());
     }
@@ -722,9 +846,35 @@ mod tests {
         assert!(abstains("The passage does not say."));
         assert!(abstains("  "));
         assert!(!abstains("Ravi lives in Ghent."));
-        assert!(asks_for_all("What are all the numbers for Paris?"));
-        assert!(asks_for_all("Which numbers were recorded? List them."));
-        assert!(!asks_for_all("Where does Ravi live?"));
-        assert!(!asks_for_all("Is it small?"), "words, not letters");
+    }
+
+    #[test]
+    fn a_question_asking_for_a_plural_is_answered_with_every_value() {
+        // Lists asked for by a plural, with no word such as "all" or "list".
+        for q in [
+            "Which cities has Jon visited?",
+            "What pets does Melanie have?",
+            "What kinds of art does Caroline make?",
+            "What are Maria's dogs' names?",
+            "what were the gifts for the party?",
+            "Which hidden numbers were recorded for the Danube? List all of them.",
+            "What outdoor activities has Andrew done other than hiking?",
+        ] {
+            assert!(asks_for_all(q), "{q}");
+        }
+        // One value asked for, whatever words the question holds.
+        for q in [
+            "Where does Ravi live?",
+            "Is it small?",
+            "What book did Caroline recommend?",
+            "What is Ana's job?",
+            "What country is Caroline's grandma from?",
+            "Which city have both Jean and John visited?",
+            "What does Ana say running has been great for?",
+            "What kind of dogs does Ana have?",
+            "How many books has Tim read?",
+        ] {
+            assert!(!asks_for_all(q), "{q}");
+        }
     }
 }
