@@ -44,6 +44,70 @@ pub fn cpu_name() -> String {
         .unwrap_or_default()
 }
 
+/// The machine a benchmark ran on, recorded with every result so that figures of
+/// different machines are not compared by mistake.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    /// The processor's model name ([`cpu_name`]).
+    pub cpu: String,
+    pub arch: &'static str,
+    /// The vector instruction sets the build compiled in (`-C target-cpu`, `-C
+    /// target-feature`): what candle's kernels and the engine's own use.
+    pub build_features: &'static str,
+    /// The integer products' kernel chosen at run time ("AVX-512 VNNI", "AVX2" or
+    /// "portable").
+    pub integer_kernel: &'static str,
+    /// Threads the engine computes with (`RAYON_NUM_THREADS`, else every CPU).
+    pub threads: usize,
+    /// The build's profile and optimisation level.
+    pub build_profile: &'static str,
+    /// The `RUSTFLAGS` of the build ("" for none).
+    pub build_flags: &'static str,
+}
+
+impl std::fmt::Display for Machine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let cpu = if self.cpu.is_empty() {
+            "unknown CPU"
+        } else {
+            &self.cpu
+        };
+        let features = if self.build_features.is_empty() {
+            "no vector extensions"
+        } else {
+            self.build_features
+        };
+        let flags = if self.build_flags.is_empty() {
+            "no RUSTFLAGS"
+        } else {
+            self.build_flags
+        };
+        write!(
+            f,
+            "{cpu} ({}; built for {features}; integer kernel {}) · {} threads · {}, {flags}",
+            self.arch, self.integer_kernel, self.threads, self.build_profile
+        )
+    }
+}
+
+/// This machine and this build (see [`Machine`]).
+pub fn machine() -> Machine {
+    let threads = std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    Machine {
+        cpu: cpu_name(),
+        arch: std::env::consts::ARCH,
+        build_features: env!("MEMAGENT_BUILD_FEATURES"),
+        integer_kernel: crate::integer_prefill_kernel().unwrap_or("portable"),
+        threads,
+        build_profile: env!("MEMAGENT_BUILD_PROFILE"),
+        build_flags: env!("MEMAGENT_BUILD_FLAGS").trim(),
+    }
+}
+
 /// Prefill of `tokens` prompt tokens (from `filler`), `repeats` times, median reported.
 pub fn bench_prefill(
     model: &LocalModel,
@@ -344,4 +408,34 @@ fn proc_status_bytes(field: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with(field))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_machine_names_the_cpu_the_build_and_the_kernels() {
+        let m = machine();
+        let shown = m.to_string();
+        if cfg!(target_os = "linux") {
+            assert!(!m.cpu.is_empty(), "{shown}");
+            assert!(shown.starts_with(&m.cpu), "{shown}");
+        }
+        assert!(m.threads >= 1);
+        assert!(m.build_profile.contains("opt-level"), "{shown}");
+        // The kernels compiled in are the build's: an AVX2 build says so.
+        if cfg!(x86_avx2) {
+            assert!(m.build_features.split(' ').any(|f| f == "avx2"), "{shown}");
+            assert!(m.build_features.split(' ').any(|f| f == "fma"), "{shown}");
+        }
+        assert_eq!(
+            m.integer_kernel,
+            crate::integer_prefill_kernel().unwrap_or("portable")
+        );
+        let json = serde_json::to_value(&m).unwrap();
+        for key in ["cpu", "arch", "build_features", "integer_kernel", "threads"] {
+            assert!(!json[key].is_null(), "{key} missing from {json}");
+        }
+    }
 }

@@ -54,6 +54,7 @@ pub fn engine(global: &Settings, args: &BenchEngineArgs) -> Result<()> {
             "model": model.path(),
             "device": global.device,
             "threads": threads,
+            "machine": memagent_engine::bench::machine(),
             "results": results,
         }));
     }
@@ -149,10 +150,11 @@ fn print_engine_table(
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "model: {}  device: {}  threads: {threads}  repeats: {}",
+        "model: {}  device: {}  threads: {threads}  repeats: {}\nmachine: {}",
         model.path().display(),
         global.device,
-        args.repeats
+        args.repeats,
+        memagent_engine::bench::machine()
     )?;
     writeln!(
         out,
@@ -288,10 +290,12 @@ pub fn needle(global: &Settings, args: &BenchNeedleArgs) -> Result<()> {
         return crate::commands::print_json(&serde_json::json!({
             "haystack": haystack.source(),
             "profile": profile,
+            "machine": memagent_engine::bench::machine(),
             "results": results,
         }));
     }
     let mut out = std::io::stdout().lock();
+    writeln!(out, "machine: {}", memagent_engine::bench::machine())?;
     writeln!(
         out,
         "haystack: {}  profile: C={} M={} answer={}  samples per length: {}",
@@ -437,6 +441,7 @@ pub fn store(global: &Settings, args: &BenchStoreArgs) -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     let mut result = serde_json::json!({
         "cpu": memagent_engine::bench::cpu_name(),
+        "machine": memagent_engine::bench::machine(),
         "content_bytes": content.len(),
         "chunk_bytes": chunk_bytes,
         "sled": sled,
@@ -460,12 +465,12 @@ pub fn store(global: &Settings, args: &BenchStoreArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "{} MB appended {} bytes at a time, {} chunks of {} bytes; CPU {}",
+        "{} MB appended {} bytes at a time, {} chunks of {} bytes\nmachine: {}",
         args.megabytes,
         args.append_bytes,
         result["sled"]["chunks"],
         chunk_bytes,
-        result["cpu"].as_str().unwrap_or("?")
+        memagent_engine::bench::machine()
     )?;
     writeln!(
         out,
@@ -803,7 +808,7 @@ pub fn daemon(global: &Settings, args: &BenchDaemonArgs) -> Result<()> {
     let busy = busy_lag(global, args, chunk_tokens, &piece, &say)?;
     let busy_lags: Vec<f64> = busy.iter().map(|b| b.0).collect();
     let p50 = |v: &[f64]| percentile(v, 0.5);
-    let report = serde_json::json!({
+    let mut report = serde_json::json!({
         "model_chunk_tokens": chunk_tokens,
         "throughput": runs,
         "lag": {
@@ -818,6 +823,7 @@ pub fn daemon(global: &Settings, args: &BenchDaemonArgs) -> Result<()> {
             "busy_streams_pending": busy.iter().map(|b| b.1).collect::<Vec<_>>(),
         },
     });
+    report["machine"] = serde_json::json!(memagent_engine::bench::machine());
     if args.json {
         return crate::commands::print_json(&report);
     }
@@ -891,6 +897,7 @@ fn print_daemon_report(
     let p50 = |v: &[f64]| percentile(v, 0.5);
     let busy_lags: Vec<f64> = busy.iter().map(|b| b.0).collect();
     let mut out = std::io::stdout().lock();
+    writeln!(out, "machine: {}", memagent_engine::bench::machine())?;
     writeln!(
         out,
         "| watched streams | tokens read | steps | seconds | input tok/s |"
@@ -1126,11 +1133,13 @@ pub fn proxy(global: &Settings, args: &BenchProxyArgs) -> Result<()> {
         "idle_seconds": args.idle_seconds,
         "turn_lag_seconds": lags,
         "turn_lag_p50_seconds": percentile(&lags, 0.5),
+        "machine": memagent_engine::bench::machine(),
     });
     if args.json {
         return crate::commands::print_json(&result);
     }
     let mut out = std::io::stdout().lock();
+    writeln!(out, "machine: {}", memagent_engine::bench::machine())?;
     writeln!(
         out,
         "{} requests to a loopback echo upstream: direct p50 {:.2} ms, p99 {:.2} ms; through \

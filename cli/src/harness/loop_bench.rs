@@ -138,6 +138,7 @@ pub fn run(global: &Settings, args: &BenchLoopArgs) -> Result<()> {
         return crate::commands::print_json(&serde_json::json!({
             "model": model.path(),
             "threads": threads,
+            "machine": memagent_engine::bench::machine(),
             "tokens": args.tokens,
             "haystack": haystack.source(),
             "measures": measures,
@@ -263,6 +264,7 @@ fn measure(
 
 fn print_table(measures: &[LoopMeasure]) -> Result<()> {
     let mut out = std::io::stdout().lock();
+    writeln!(out, "machine: {}", memagent_engine::bench::machine())?;
     writeln!(
         out,
         "| profile | mode | loop | input tok/s | ratio | generated | prefill s | decode s | total s | needle |"

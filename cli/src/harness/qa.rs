@@ -513,6 +513,7 @@ fn report(args: &BenchQaArgs, records: &[Record]) -> Result<()> {
         "evidence_tokens": args.evidence_tokens,
         "without": args.without,
         "cpu": memagent_engine::bench::cpu_name(),
+        "machine": memagent_engine::bench::machine(),
         "results": results,
     });
     std::fs::write(
@@ -540,13 +541,13 @@ fn num(v: &serde_json::Value, digits: usize) -> String {
 
 fn markdown(args: &BenchQaArgs, value: &serde_json::Value) -> String {
     let mut md = format!(
-        "# Question answering over conversations\n\n{} · every {} question(s) · {} · k {} · {} evidence tokens · CPU {}\n",
+        "# Question answering over conversations\n\n{} · every {} question(s) · {} · k {} · {} evidence tokens\n\nmachine: {}\n",
         args.data.display(),
         args.every,
         if memory_steps(args) { "memory steps" } else { "no memory steps" },
         args.passages,
         args.evidence_tokens,
-        value["cpu"].as_str().unwrap_or("?"),
+        memagent_engine::bench::machine(),
     );
     for mode in &args.modes {
         let r = &value["results"][mode];

@@ -46,7 +46,8 @@ pub fn bench(global: &Settings, args: &crate::cli::BenchRecallArgs) -> Result<()
     let haystack = super::bench::haystack(None)?;
     let cpu = memagent_engine::bench::cpu_name();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut report = json!({"cpu": cpu, "threads": threads});
+    let mut report =
+        json!({"cpu": cpu, "threads": threads, "machine": memagent_engine::bench::machine()});
 
     // 1. Embedding throughput beside the engine's projections in the same run.
     let sample = bench_text(&haystack, 60_000);

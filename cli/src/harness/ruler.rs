@@ -762,6 +762,7 @@ fn write_report(
             "model": model,
             "profile": profile,
             "haystack": haystack,
+            "machine": memagent_engine::bench::machine(),
             "results": records,
         }))?,
     )?;
@@ -778,11 +779,14 @@ fn write_report(
     };
     let mut md = String::new();
     md.push_str(&format!(
-        "# RULER-style evaluation\n\nmodel: {model}; profile C={} M={} answer={}; haystack: {haystack}\n\n\
+        "# RULER-style evaluation\n\nmodel: {model}; profile C={} M={} answer={}; haystack: {haystack}\n\nmachine: {}\n\n\
          Scores: needles, variable tracking and word extraction by the recall of every \
          expected value; QA by sub_em. \"n/a\": the mode cannot run at that length (direct \
          past the model's context).\n\n",
-        profile.chunk_tokens, profile.memory_tokens, profile.answer_tokens
+        profile.chunk_tokens,
+        profile.memory_tokens,
+        profile.answer_tokens,
+        memagent_engine::bench::machine()
     ));
     let header: String = lengths.iter().map(|l| format!(" {l} |")).collect();
     let rule: String = lengths.iter().map(|_| "---:|").collect();

@@ -154,9 +154,11 @@ fn report(
         return crate::commands::print_json(&json!({
             "split": args.split, "samples": args.samples, "sessions": args.sessions,
             "memory_steps": !args.no_memory, "results": rows,
+            "machine": memagent_engine::bench::machine(),
         }));
     }
     let mut out = std::io::stdout().lock();
+    writeln!(out, "machine: {}", memagent_engine::bench::machine())?;
     writeln!(
         out,
         "multi-session chats: {:?} split, {} chats of {} sessions{}",

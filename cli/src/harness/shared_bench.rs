@@ -91,6 +91,7 @@ pub fn run(global: &Settings, args: &BenchSharedArgs) -> Result<()> {
     let result = serde_json::json!({
         "cpu": memagent_engine::bench::cpu_name(),
         "threads": std::thread::available_parallelism().map_or(1, |n| n.get()),
+        "machine": memagent_engine::bench::machine(),
         "model": match &args.upstream {
             Some(url) => format!("served at {url}"),
             None => "a loopback stand-in answering at once".to_string(),
@@ -107,13 +108,12 @@ pub fn run(global: &Settings, args: &BenchSharedArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "{} streams of {} chunks of {} tokens; model: {}; CPU {} ({} threads)",
+        "{} streams of {} chunks of {} tokens; model: {}\nmachine: {}",
         args.streams,
         args.chunks,
         args.chunk_tokens,
         result["model"].as_str().unwrap_or("?"),
-        result["cpu"].as_str().unwrap_or("?"),
-        result["threads"],
+        memagent_engine::bench::machine(),
     )?;
     writeln!(
         out,

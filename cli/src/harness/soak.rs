@@ -552,6 +552,7 @@ pub fn run(global: &Settings, args: &BenchSoakArgs) -> Result<()> {
     let lags = lags.lock().expect("lags").clone();
     let report = json!({
         "cpu": memagent_engine::bench::cpu_name(),
+        "machine": memagent_engine::bench::machine(),
         "kills": args.kills,
         "seconds": soak_seconds,
         "interval_ms": args.interval_ms,
@@ -784,6 +785,7 @@ fn check_index(store: &Store, root: &Path, embedded: bool) -> Result<Value> {
 fn print_report(r: &Value) -> Result<()> {
     let mut out = std::io::stdout().lock();
     let f = |v: &Value| v.as_f64().unwrap_or(0.0);
+    writeln!(out, "machine: {}", memagent_engine::bench::machine())?;
     writeln!(
         out,
         "{} SIGKILLs over {:.0} s ({}); restart to ready p50 {:.2} s, p99 {:.2} s",

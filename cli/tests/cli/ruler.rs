@@ -63,6 +63,22 @@ fn a_tiny_ruler_run_writes_every_output_and_resumes() {
         "{report}"
     );
     assert!(report.contains("R² ="), "{report}");
+    // The machine it ran on goes with the figures: the CPU, what the build was made for,
+    // the threads.
+    let machine = &results["machine"];
+    for key in [
+        "cpu",
+        "arch",
+        "build_features",
+        "integer_kernel",
+        "threads",
+        "build_profile",
+        "build_flags",
+    ] {
+        assert!(!machine[key].is_null(), "{key} in {machine}");
+    }
+    assert!(machine["threads"].as_u64().unwrap() >= 1, "{machine}");
+    assert!(report.contains("machine: "), "{report}");
     let svg = std::fs::read_to_string(out.join("seconds.svg")).unwrap();
     assert!(
         svg.starts_with("<svg") && svg.contains("per 1K tokens"),
