@@ -435,7 +435,8 @@ pub fn abstains(answer: &str) -> bool {
             "unknown",
             "not say",
             "no information",
-            "not mentioned",
+            "not mention",
+            "not specif",
             "don't know",
             "do not know",
         ]
@@ -844,6 +845,10 @@ mod tests {
         );
         assert!(abstains("Not known."));
         assert!(abstains("The passage does not say."));
+        assert!(abstains(
+            "The passage does not specify what pottery they made."
+        ));
+        assert!(abstains("It does not mention a date."));
         assert!(abstains("  "));
         assert!(!abstains("Ravi lives in Ghent."));
     }
