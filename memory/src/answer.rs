@@ -846,7 +846,7 @@ mod tests {
         assert!(abstains("Not known."));
         assert!(abstains("The passage does not say."));
         assert!(abstains(
-            "The passage does not specify what pottery they made."
+            "The passage does not specify what bread they baked."
         ));
         assert!(abstains("It does not mention a date."));
         assert!(abstains("  "));
@@ -857,13 +857,13 @@ mod tests {
     fn a_question_asking_for_a_plural_is_answered_with_every_value() {
         // Lists asked for by a plural, with no word such as "all" or "list".
         for q in [
-            "Which cities has Jon visited?",
-            "What pets does Melanie have?",
-            "What kinds of art does Caroline make?",
-            "What are Maria's dogs' names?",
+            "Which cities has Ravi visited?",
+            "What pets does Ana have?",
+            "What kinds of art does Kofi make?",
+            "What are Lena's dogs' names?",
             "what were the gifts for the party?",
             "Which hidden numbers were recorded for the Danube? List all of them.",
-            "What outdoor activities has Andrew done other than hiking?",
+            "What outdoor activities has Olek done other than hiking?",
         ] {
             assert!(asks_for_all(q), "{q}");
         }
@@ -871,13 +871,13 @@ mod tests {
         for q in [
             "Where does Ravi live?",
             "Is it small?",
-            "What book did Caroline recommend?",
+            "What book did Kofi recommend?",
             "What is Ana's job?",
-            "What country is Caroline's grandma from?",
-            "Which city have both Jean and John visited?",
+            "What country is Kofi's grandma from?",
+            "Which city have both Ana and Kofi visited?",
             "What does Ana say running has been great for?",
             "What kind of dogs does Ana have?",
-            "How many books has Tim read?",
+            "How many books has Ravi read?",
         ] {
             assert!(!asks_for_all(q), "{q}");
         }
