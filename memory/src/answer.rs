@@ -135,13 +135,15 @@ pub fn answer_with_evidence(
         let unit_said: Vec<Option<&str>> = units.iter().map(Option::as_deref).collect();
         let texts: Vec<&str> = a.units.iter().map(|(_, t)| t.as_str()).collect();
         let about = about_the_question(question, &texts, &unit_said);
-        // When each passage's bearing turn was said, read from the whole passage: the
-        // sentences asked may have lost the time of the turn they come from.
-        let said_at: Vec<Option<NaiveDateTime>> = a
-            .units
+        // When each passage's bearing turn was said, read once a passage from the whole
+        // of it: the sentences asked may have lost the time of the turn they come from.
+        let passage_said_at: Vec<Option<NaiveDateTime>> = a
+            .passages
             .iter()
-            .map(|(i, _)| said_at(&a.passages[*i].hit.text, question))
+            .map(|e| said_at(&e.hit.text, question))
             .collect();
+        let said_at: Vec<Option<NaiveDateTime>> =
+            a.units.iter().map(|(i, _)| passage_said_at[*i]).collect();
         let (mut answer, mut cited) =
             chosen_answer(question, &unit_said, &about, &said_at, from_notes);
         let mut model_answer = None;
@@ -532,10 +534,7 @@ fn turn_body(line: &str) -> &str {
 /// when it has no time, or when it writes a date out ("Kofi's birthday is December
 /// 27"): the model reads it.
 pub fn passage_date(passage: &str, question: &str) -> Option<String> {
-    let (line, at) = timed_lines(passage)
-        .into_iter()
-        .rev()
-        .max_by_key(|&(line, at)| when_rank(line, at, question))?;
+    let (line, at) = bearing_line(passage, question)?;
     match says(line, at) {
         Says::Relative(means) => Some(means),
         Says::Written => None,
@@ -543,15 +542,19 @@ pub fn passage_date(passage: &str, question: &str) -> Option<String> {
     }
 }
 
-/// When the line of `passage` that bears most on `question` was said (see
-/// [`when_rank`]): its chat turn's time, or the last time shown before it; `None` for
-/// text without a time.
+/// When the line of `passage` that bears most on `question` was said: its chat turn's
+/// time, or the last time shown before it; `None` for text without a time.
 fn said_at(passage: &str, question: &str) -> Option<NaiveDateTime> {
+    bearing_line(passage, question)?.1
+}
+
+/// The line of `passage` that bears most on `question` (see [`when_rank`]; the first of
+/// equals), with its time ([`timed_lines`]).
+fn bearing_line<'a>(passage: &'a str, question: &str) -> Option<(&'a str, Option<NaiveDateTime>)> {
     timed_lines(passage)
         .into_iter()
         .rev()
-        .max_by_key(|&(line, at)| when_rank(line, at, question))?
-        .1
+        .max_by_key(|&(line, at)| when_rank(line, at, question))
 }
 
 /// Whether a question asks for every value: what it asks for is plural. Either the noun
