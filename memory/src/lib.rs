@@ -44,8 +44,8 @@ pub use query::{
     empty_memory, version_at, Answer, DeepRead, Mode, Plan, Query, TemplateId, PASSAGES_K,
 };
 pub use search::{
-    evidence_passages, index_lag, search, shown_ranges, sync_all, sync_stream, unlabelled,
-    unmentioned, Evidence, EVIDENCE_TOKENS, MEANING_ONLY_SIMILARITY, NOTE_LINES,
+    evidence_passages, index_lag, search, shown_ranges, sync_all, sync_changes, sync_stream,
+    unlabelled, unmentioned, Evidence, EVIDENCE_TOKENS, MEANING_ONLY_SIMILARITY, NOTE_LINES,
 };
 pub use sources::{line_sources, LineSource};
 

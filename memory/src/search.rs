@@ -120,6 +120,40 @@ pub fn sync_all(store: &Store, recall: &Recall) -> Result<Vec<(String, SyncRepor
     Ok(out)
 }
 
+/// Catches the index up with what the database changed after change number `mark`: the
+/// streams written since are read and the streams removed since dropped, an indexed
+/// query or two whatever the number of streams ([`Store::changes`]), and `mark` moves
+/// on. With no mark, or a database that keeps no change numbers, every stream is read
+/// ([`sync_all`]) and the mark set to the latest change from before that read.
+pub fn sync_changes(
+    store: &Store,
+    recall: &Recall,
+    mark: &mut Option<u64>,
+) -> Result<Vec<(String, SyncReport)>> {
+    let Some(after) = *mark else {
+        let latest = store.change_mark()?;
+        let done = sync_all(store, recall)?;
+        *mark = latest;
+        return Ok(done);
+    };
+    let Some(changes) = store.changes(after)? else {
+        return sync_all(store, recall);
+    };
+    let indexed = recall.stream_ids();
+    for id in changes.removed.iter().filter(|id| indexed.contains(id)) {
+        recall.reset(Some(*id)).map_err(Error::from)?;
+    }
+    let mut out = Vec::new();
+    for stream in changes.streams {
+        if recall.stream_state(stream.id).len < stream.log_len {
+            let report = sync_stream(store, recall, &stream, &mut |_| {})?;
+            out.push((stream.name, report));
+        }
+    }
+    *mark = Some(changes.through);
+    Ok(out)
+}
+
 /// Bytes of a stream's log the index has not read yet.
 pub fn index_lag(recall: &Recall, stream: &StreamRecord) -> u64 {
     stream

@@ -7,7 +7,7 @@ use crate::records::{
     ChunkRecord, Cursor, FileRecord, Lease, MemoryVersion, QuestionRecord, SegmentRecord,
     SourceRecord, StandingAnswer, StreamRecord,
 };
-use crate::{Appended, ExportRecord, Result, Space};
+use crate::{Appended, Changes, ExportRecord, Result, Space};
 
 /// A database the store keeps its records in.
 pub trait Backend: Send + Sync {
@@ -37,6 +37,15 @@ pub trait Backend: Send + Sync {
             }
         }
         Ok(unread)
+    }
+    /// The latest change number (see [`crate::Store::change_mark`]); `None` by default:
+    /// no change feed.
+    fn change_mark(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
+    /// What changed after change number `after` (see [`crate::Store::changes`]).
+    fn changes(&self, _after: u64) -> Result<Option<Changes>> {
+        Ok(None)
     }
     /// The stream, created empty if it does not exist (the name is already checked).
     fn create_stream(&self, name: &str) -> Result<StreamRecord>;

@@ -56,6 +56,17 @@ pub struct Appended {
     pub log_len: u64,
 }
 
+/// What changed in the streams' logs after a change number (see [`Store::changes`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Changes {
+    /// The streams whose log was written after the number, by name.
+    pub streams: Vec<StreamRecord>,
+    /// Ids of the streams removed after it.
+    pub removed: Vec<u64>,
+    /// The latest change number read: where the next call starts.
+    pub through: u64,
+}
+
 /// An open store: the embedded database in a data directory, or a PostgreSQL database
 /// with the data directory for what each daemon derives locally.
 pub struct Store {
@@ -203,6 +214,21 @@ impl Store {
     /// streams).
     pub fn unread(&self) -> Result<Vec<(StreamRecord, u64)>> {
         self.backend.unread()
+    }
+
+    /// The number of the latest change to any stream's log (an append, an import, a
+    /// removal), where a change feed starts; `None` where the database keeps no such
+    /// numbers (the embedded one: one process writes it, and knows what it wrote).
+    pub fn change_mark(&self) -> Result<Option<u64>> {
+        self.backend.change_mark()
+    }
+
+    /// The streams written and removed after change number `after` (one indexed query
+    /// each, however many streams are stored); `None` where the database keeps no
+    /// change numbers. A write numbered before another can commit after it: a caller
+    /// that must see every write reads every stream now and then.
+    pub fn changes(&self, after: u64) -> Result<Option<Changes>> {
+        self.backend.changes(after)
     }
 
     /// Whether `name` can name a stream: 1 to 128 characters, none a control character.

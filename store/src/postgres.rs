@@ -26,7 +26,7 @@ use crate::records::{
     Author, ChunkRecord, Cursor, FileRecord, Lease, MemoryVersion, QuestionRecord, SegmentRecord,
     SourceRecord, StandingAnswer, StreamRecord, GENERAL,
 };
-use crate::{now, space, Appended, Error, ExportRecord, Result, Space};
+use crate::{now, space, Appended, Changes, Error, ExportRecord, Result, Space};
 
 mod schema {
     refinery::embed_migrations!("../migrations/postgres");
@@ -690,6 +690,38 @@ impl Backend for PgStore {
         Ok(streams)
     }
 
+    fn change_mark(&self) -> Result<Option<u64>> {
+        let rows = self.query(
+            "SELECT greatest((SELECT coalesce(max(changed), 0) FROM streams), \
+                    (SELECT coalesce(max(changed), 0) FROM removed_streams)) AS mark",
+            &[],
+        )?;
+        Ok(rows.first().map(|row| unsigned(row.get("mark"))))
+    }
+
+    /// Two index scans, whatever the number of streams.
+    fn changes(&self, after: u64) -> Result<Option<Changes>> {
+        let mut changes = Changes {
+            through: after,
+            ..Changes::default()
+        };
+        for row in self.query("SELECT * FROM streams WHERE changed > $1", &[&big(after)])? {
+            changes.through = changes.through.max(unsigned(row.get("changed")));
+            changes.streams.push(stream_row(&row));
+        }
+        for row in self.query(
+            "SELECT id, changed FROM removed_streams WHERE changed > $1",
+            &[&big(after)],
+        )? {
+            changes.through = changes.through.max(unsigned(row.get("changed")));
+            changes.removed.push(unsigned(row.get("id")));
+        }
+        changes
+            .streams
+            .sort_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()));
+        Ok(Some(changes))
+    }
+
     /// One query, whatever the number of streams.
     fn unread(&self) -> Result<Vec<(StreamRecord, u64)>> {
         let rows = self.query("SELECT * FROM streams WHERE log_len > read_to", &[])?;
@@ -720,6 +752,11 @@ impl Backend for PgStore {
                 .await?;
             tx.execute("DELETE FROM streams WHERE id = $1", &[&id])
                 .await?;
+            tx.execute(
+                "INSERT INTO removed_streams (id, changed) VALUES ($1, nextval('log_changes'))",
+                &[&id],
+            )
+            .await?;
             Ok(())
         })
     }
@@ -759,7 +796,7 @@ impl Backend for PgStore {
             }
             let log_len = record.log_len + plan.new.len() as u64;
             tx.execute(
-                "UPDATE streams SET log_len = $2 WHERE id = $1",
+                "UPDATE streams SET log_len = $2, changed = nextval('log_changes') WHERE id = $1",
                 &[&big(record.id), &big(log_len)],
             )
             .await?;
@@ -788,7 +825,7 @@ impl Backend for PgStore {
                 write_log(tx, record.id, record.log_len, text).await?;
                 put_segment(tx, record.id, record.log_len, segment).await?;
                 tx.execute(
-                    "UPDATE streams SET log_len = $2 WHERE id = $1",
+                    "UPDATE streams SET log_len = $2, changed = nextval('log_changes') WHERE id = $1",
                     &[&big(record.id), &big(log_len)],
                 )
                 .await?;
@@ -1138,7 +1175,8 @@ impl Backend for PgStore {
                 }
             }
             tx.execute(
-                "UPDATE streams SET log_len = $2, created = $3 WHERE id = $1",
+                "UPDATE streams SET log_len = $2, created = $3, changed = nextval('log_changes') \
+                 WHERE id = $1",
                 &[&big(id), &big(log_len), &big(created)],
             )
             .await?;

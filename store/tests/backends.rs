@@ -346,6 +346,62 @@ fn streams_are_listed_by_name_and_removed_with_everything_they_have() {
 }
 
 #[test]
+fn the_change_feed_names_the_streams_written_and_removed_since_a_mark() {
+    // The embedded database is one process's: it keeps no feed, its caller knows.
+    let embedded = sled("feed");
+    embedded.append("a", b"one\n", None).unwrap();
+    assert_eq!(embedded.change_mark().unwrap(), None);
+    assert_eq!(embedded.changes(0).unwrap(), None);
+
+    let url = fresh_database("feed");
+    let store = Store::open_with(&scratch("pg-feed"), Some(&url)).unwrap();
+    // Another daemon's store on the same database.
+    let other = Store::open_with(&scratch("pg-feed-other"), Some(&url)).unwrap();
+    for name in ["a", "b", "c"] {
+        store.append(name, b"first\n", Some("/tmp/f.txt")).unwrap();
+    }
+    store.create_stream("empty").unwrap();
+    let names = |c: &memagent_store::Changes| -> Vec<String> {
+        c.streams.iter().map(|s| s.name.clone()).collect()
+    };
+    assert_eq!(names(&store.changes(0).unwrap().unwrap()), ["a", "b", "c"]);
+    let mark = store.change_mark().unwrap().unwrap();
+    let none = store.changes(mark).unwrap().unwrap();
+    assert!(none.streams.is_empty() && none.removed.is_empty());
+    assert_eq!(none.through, mark);
+    // The same text from the same source appends nothing, and changes nothing.
+    assert_eq!(
+        store
+            .append("a", b"first\n", Some("/tmp/f.txt"))
+            .unwrap()
+            .bytes,
+        0
+    );
+    assert!(store.changes(mark).unwrap().unwrap().streams.is_empty());
+
+    other.append("b", b"second\n", None).unwrap();
+    let seen = store.changes(mark).unwrap().unwrap();
+    assert_eq!(names(&seen), ["b"]);
+    assert_eq!(seen.streams[0].log_len, 13, "the stream as it is now");
+    assert!(seen.through > mark);
+    assert_eq!(store.change_mark().unwrap(), Some(seen.through));
+
+    let c = store.require("c").unwrap();
+    other.remove_stream("c").unwrap();
+    store.append("a", b"third\n", None).unwrap();
+    let next = store.changes(seen.through).unwrap().unwrap();
+    assert_eq!(names(&next), ["a"]);
+    assert_eq!(next.removed, [c.id]);
+    // An imported stream is a change too.
+    let lines = store.export("b").unwrap();
+    store.remove_stream("b").unwrap();
+    store.import(&lines, Some("b2")).unwrap();
+    let after = store.changes(next.through).unwrap().unwrap();
+    assert_eq!(names(&after), ["b2"]);
+    assert_eq!(after.streams[0].log_len, 13);
+}
+
+#[test]
 fn daemons_starting_at_once_on_an_empty_database_migrate_it_once() {
     let url = fresh_database("migrate_race");
     let stores: Vec<Store> = std::thread::scope(|scope| {

@@ -369,11 +369,20 @@ const BYTES_PER_TOKEN: usize = 4;
 /// through the others.
 const SHARED_INDEX_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Every this many catch-ups the index of a shared database reads every stream's row
+/// instead of the change feed: a write whose change number was taken before another's
+/// can commit after it, past a feed that already read the later number.
+const FULL_CATCH_UP_EVERY: u32 = 60;
+
 /// The indexer thread: catches the index up with every stream, then indexes each
 /// stream named on `appended` (names that queue up while it works are read once).
 /// Errors are logged with the stream and never stop it.
 fn index_appends(store: &Store, recall: &Recall, appended: mpsc::Receiver<String>) {
-    match memagent_memory::sync_all(store, recall) {
+    // The database's change number the index has caught up to (`None`: read every
+    // stream next time).
+    let mut mark: Option<u64> = None;
+    let mut catch_ups = 0u32;
+    match memagent_memory::sync_changes(store, recall, &mut mark) {
         Ok(done) => {
             for (stream, r) in done {
                 tracing::info!(
@@ -389,12 +398,17 @@ fn index_appends(store: &Store, recall: &Recall, appended: mpsc::Receiver<String
     give_back_freed_memory();
     loop {
         // A shared database: text appended through other daemons arrives unannounced;
-        // every second without an append here, the index catches up with all of it.
+        // every second without an append here, the index catches up with the streams
+        // the database changed since the last time (and once a minute with every one).
         let first = match store.is_shared() {
             true => match appended.recv_timeout(SHARED_INDEX_POLL) {
                 Ok(name) => name,
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    match memagent_memory::sync_all(store, recall) {
+                    catch_ups += 1;
+                    if catch_ups.is_multiple_of(FULL_CATCH_UP_EVERY) {
+                        mark = None;
+                    }
+                    match memagent_memory::sync_changes(store, recall, &mut mark) {
                         Ok(done) => {
                             for (stream, r) in done.iter().filter(|(_, r)| r.bytes > 0) {
                                 tracing::debug!(

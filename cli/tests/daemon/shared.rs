@@ -262,6 +262,19 @@ fn daemons_sharing_a_database_step_each_stream_once_and_survive_sigkill_and_sigs
         })
         .collect();
     assert_eq!(found[0], found[1]);
+    // A stream removed through one daemon leaves every other daemon's index.
+    let removed = daemons[1].memctl(&["streams", "rm", "s07"]);
+    assert!(removed.status.success(), "{removed:?}");
+    wait_for(
+        "the removed stream gone from the other daemon's index",
+        Duration::from_secs(60),
+        || {
+            let out = daemons[2].memctl(&["search", "--all", "shelf 13 holds 713 lamps", "--json"]);
+            let hits: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+            let passages = hits["passages"].as_array()?;
+            (!passages.is_empty() && passages.iter().all(|p| p["stream"] != "s07")).then_some(())
+        },
+    );
     for daemon in daemons.iter_mut().skip(1) {
         assert!(daemon.is_running(), "{}", daemon.log_text());
         daemon.stop();
