@@ -16,8 +16,9 @@ use tokio::sync::oneshot;
 /// What a step request did.
 #[derive(Debug)]
 pub enum Step {
-    /// A chunk was read into memory and committed; `backlog`: another whole chunk is
-    /// already pending.
+    /// A chunk was read into memory and committed; `backlog`: at least a chunk's worth
+    /// of bytes was left unread behind it (the stream goes on through a backlog, as
+    /// the leases judge it: a chunk's tokens at [`crate::BYTES_PER_TOKEN`] bytes each).
     Done {
         outcome: Box<StepOutcome>,
         backlog: bool,
@@ -218,15 +219,22 @@ fn steps(
             Err(e) => outcomes.push(Err(failed(&due.stream, e))),
         }
     }
-    let (places, read): (Vec<(usize, &str)>, Vec<_>) = ready
+    // Whether a backlog is left is told by the bytes the stream held when its chunk was
+    // read, without reading the stream again after the step: text appended meanwhile
+    // arrives as news of its own.
+    let backlog_bytes = (agent.profile.chunk_tokens * crate::BYTES_PER_TOKEN) as u64;
+    let (places, read): (Vec<(usize, &str, bool)>, Vec<_>) = ready
         .into_iter()
-        .map(|(i, name, pending, lease)| ((i, name), (Ok(Some(pending)), lease)))
+        .map(|(i, name, pending, lease)| {
+            let left = pending.stream.log_len.saturating_sub(pending.chunk.end);
+            ((i, name, left >= backlog_bytes), (Ok(Some(pending)), lease))
+        })
         .unzip();
-    for ((i, name), outcome) in places.into_iter().zip(ingestor.step_pending(read)) {
+    for ((i, name, backlog), outcome) in places.into_iter().zip(ingestor.step_pending(read)) {
         outcomes[i] = match outcome {
             Ok(Some(outcome)) => Ok(Step::Done {
                 outcome: Box::new(outcome),
-                backlog: matches!(check(name, true), Ok(Ok(_))),
+                backlog,
             }),
             Ok(None) => Ok(Step::Nothing),
             Err(e) => Err(failed(name, e)),

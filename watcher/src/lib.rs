@@ -363,7 +363,7 @@ pub(crate) fn give_back_freed_memory() {
 
 /// Bytes a token takes in English text, about: turns a chunk's tokens into the unread
 /// bytes up to which a stream is leased as fresh.
-const BYTES_PER_TOKEN: usize = 4;
+pub(crate) const BYTES_PER_TOKEN: usize = 4;
 
 /// How often the index of a daemon sharing its database catches up with appends made
 /// through the others.
