@@ -44,12 +44,33 @@ pub fn cpu_name() -> String {
         .unwrap_or_default()
 }
 
+/// The processor's family, model and stepping as /proc/cpuinfo numbers them ("family 25
+/// model 1 stepping 1": a Zen 3, where "family 25 model 17" is a Zen 4 that a VM may name
+/// the same); empty where it does not.
+pub fn cpu_id() -> String {
+    let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
+        return String::new();
+    };
+    let field = |name: &str| {
+        info.lines()
+            .find(|l| l.split(':').next().is_some_and(|k| k.trim() == name))
+            .and_then(|l| l.split(':').nth(1))
+            .map(|v| v.trim().to_string())
+    };
+    match (field("cpu family"), field("model"), field("stepping")) {
+        (Some(f), Some(m), Some(s)) => format!("family {f} model {m} stepping {s}"),
+        _ => String::new(),
+    }
+}
+
 /// The machine a benchmark ran on, recorded with every result so that figures of
 /// different machines are not compared by mistake.
 #[derive(Debug, Clone, Serialize)]
 pub struct Machine {
     /// The processor's model name ([`cpu_name`]).
     pub cpu: String,
+    /// Its family, model and stepping ([`cpu_id`]).
+    pub cpu_id: String,
     pub arch: &'static str,
     /// The vector instruction sets the build compiled in (`-C target-cpu`, `-C
     /// target-feature`): what candle's kernels and the engine's own use.
@@ -82,9 +103,14 @@ impl std::fmt::Display for Machine {
         } else {
             self.build_flags
         };
+        let id = if self.cpu_id.is_empty() {
+            String::new()
+        } else {
+            format!(", {}", self.cpu_id)
+        };
         write!(
             f,
-            "{cpu} ({}; built for {features}; integer kernel {}) · {} threads · {}, {flags}",
+            "{cpu} ({}{id}; built for {features}; integer kernel {}) · {} threads · {}, {flags}",
             self.arch, self.integer_kernel, self.threads, self.build_profile
         )
     }
@@ -99,6 +125,7 @@ pub fn machine() -> Machine {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     Machine {
         cpu: cpu_name(),
+        cpu_id: cpu_id(),
         arch: std::env::consts::ARCH,
         build_features: env!("MEMAGENT_BUILD_FEATURES"),
         integer_kernel: crate::integer_prefill_kernel().unwrap_or("portable"),
@@ -422,6 +449,12 @@ mod tests {
             assert!(!m.cpu.is_empty(), "{shown}");
             assert!(shown.starts_with(&m.cpu), "{shown}");
         }
+        // On x86 Linux the family and model tell CPUs apart that share a name (a VM's
+        // "AMD EPYC" is a Zen 3 or a Zen 4).
+        if cfg!(all(target_os = "linux", target_arch = "x86_64")) {
+            assert!(m.cpu_id.starts_with("family "), "{shown}");
+            assert!(shown.contains(&m.cpu_id), "{shown}");
+        }
         assert!(m.threads >= 1);
         assert!(m.build_profile.contains("opt-level"), "{shown}");
         // The kernels compiled in are the build's: an AVX2 build says so.
@@ -434,7 +467,14 @@ mod tests {
             crate::integer_prefill_kernel().unwrap_or("portable")
         );
         let json = serde_json::to_value(&m).unwrap();
-        for key in ["cpu", "arch", "build_features", "integer_kernel", "threads"] {
+        for key in [
+            "cpu",
+            "cpu_id",
+            "arch",
+            "build_features",
+            "integer_kernel",
+            "threads",
+        ] {
             assert!(!json[key].is_null(), "{key} missing from {json}");
         }
     }

@@ -31,6 +31,7 @@ mod sampling;
 #[doc(hidden)]
 pub mod testing;
 mod tokenizer;
+pub mod tuning;
 pub mod words;
 
 pub use adapter::{
@@ -42,6 +43,7 @@ pub use chat::{builtin_template, ChatTemplate, Message};
 pub use device::open_device;
 pub use error::{Error, Result};
 pub use gguf::{sha256_file, GgufFile};
+pub use kernels::prefetch;
 pub use kernels::{
     for_chunks, gemm_n, gemm_t, integer_prefill_kernel, integer_prefill_types,
     integer_products_fast, matmul_t, prefer_integer_kernel, IntegerWeight,

@@ -249,6 +249,7 @@ pub struct LocalModel {
     adapter: Option<PathBuf>,
     adapter_manifest: Option<crate::adapter::AdapterManifest>,
     prefixes: Mutex<PrefixCache>,
+    decode_tuning: crate::tuning::DecodeTuning,
 }
 
 impl LocalModel {
@@ -302,7 +303,11 @@ impl LocalModel {
             adapter.as_ref(),
             &options.device,
         )?;
+        let cache = crate::tuning::default_cache();
+        let decode_tuning = crate::tuning::tune_decode(&transformer, path, cache.as_deref())?;
+        tracing::debug!("decoding: {decode_tuning}");
         Ok(Self {
+            decode_tuning,
             path: path.to_path_buf(),
             name,
             parameters,
@@ -349,6 +354,12 @@ impl LocalModel {
 
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// How decoding's CPU-dependent setting was chosen for this model on this CPU
+    /// ([`crate::tuning`]).
+    pub fn decode_tuning(&self) -> &crate::tuning::DecodeTuning {
+        &self.decode_tuning
     }
 
     pub fn transformer(&self) -> &Transformer {

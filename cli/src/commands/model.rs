@@ -102,6 +102,13 @@ pub fn info(global: &Settings, json: bool) -> Result<()> {
         None => None,
     };
     let (prefill, integer_types) = prefill_path(&info)?;
+    // How decoding is set for this CPU: from the cache after the first load here.
+    let decoding = match info.unsupported.is_empty() {
+        true => super::load_model(global)
+            .map(|m| m.decode_tuning().clone())
+            .map_err(|e| format!("{e:#}")),
+        false => Err("the model is not supported".to_string()),
+    };
     let mut out = std::io::stdout().lock();
     if json {
         let mut value = serde_json::to_value(&info)?;
@@ -109,6 +116,10 @@ pub fn info(global: &Settings, json: bool) -> Result<()> {
         value["prefill"] = prefill.into();
         value["prefill_integer_types"] = integer_types.into();
         value["adapter"] = adapter.unwrap_or(serde_json::Value::Null);
+        value["decode_tuning"] = match &decoding {
+            Ok(tuning) => serde_json::to_value(tuning)?,
+            Err(e) => serde_json::json!({ "error": e }),
+        };
         value["quantization"] = serde_json::json!(info
             .quantization
             .iter()
@@ -146,6 +157,10 @@ pub fn info(global: &Settings, json: bool) -> Result<()> {
         reasons => writeln!(out, "supported:      no: {}", reasons.join("; "))?,
     }
     writeln!(out, "prefill:        {prefill}")?;
+    match &decoding {
+        Ok(tuning) => writeln!(out, "decoding:       {tuning}")?,
+        Err(e) => writeln!(out, "decoding:       not measured: {e}")?,
+    }
     match &adapter {
         Some(a) => writeln!(
             out,

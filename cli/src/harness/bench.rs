@@ -55,6 +55,7 @@ pub fn engine(global: &Settings, args: &BenchEngineArgs) -> Result<()> {
             "device": global.device,
             "threads": threads,
             "machine": memagent_engine::bench::machine(),
+            "decode_tuning": model.decode_tuning(),
             "results": results,
         }));
     }
@@ -150,11 +151,12 @@ fn print_engine_table(
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "model: {}  device: {}  threads: {threads}  repeats: {}\nmachine: {}",
+        "model: {}  device: {}  threads: {threads}  repeats: {}\nmachine: {}\ndecoding: {}",
         model.path().display(),
         global.device,
         args.repeats,
-        memagent_engine::bench::machine()
+        memagent_engine::bench::machine(),
+        model.decode_tuning()
     )?;
     writeln!(
         out,

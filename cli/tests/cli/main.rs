@@ -141,6 +141,68 @@ fn model_info_describes_the_default_model() {
     );
 }
 
+/// How decoding is set for this CPU: measured the first time (a fresh cache), read back
+/// after, or set by `MEMAGENT_PREFETCH_AHEAD`; a bad value is an error naming it.
+#[test]
+fn model_info_says_how_decoding_was_set_for_this_cpu() {
+    let cache = tempdir();
+    let info = |env: &[(&str, &str)]| {
+        let model = model_path();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_memctl"));
+        cmd.args(["--model", model.to_str().unwrap(), "model", "info"])
+            .env_remove("MEMAGENT_PREFETCH_AHEAD")
+            .env("XDG_CACHE_HOME", &cache);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let json = cmd.arg("--json").output().expect("run memctl");
+        assert!(json.status.success(), "{}", stderr(&json));
+        let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+        v["decode_tuning"].clone()
+    };
+    let first = info(&[]);
+    let second = info(&[]);
+    if cfg!(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    )) {
+        assert_eq!(first["source"], "measured", "{first:#}");
+        assert_eq!(
+            first["candidates"].as_array().unwrap().len(),
+            6,
+            "{first:#}"
+        );
+        assert_eq!(second["source"], "cached", "{second:#}");
+        assert_eq!(second["prefetch_ahead"], first["prefetch_ahead"]);
+        assert!(cache.join("memagent/decode-tuning.json").is_file());
+    }
+    let set = info(&[("MEMAGENT_PREFETCH_AHEAD", "1024")]);
+    assert_eq!(set["source"], "environment", "{set:#}");
+    assert_eq!(set["prefetch_ahead"], 1024);
+    let model = model_path();
+    let text = Command::new(env!("CARGO_BIN_EXE_memctl"))
+        .args(["--model", model.to_str().unwrap(), "model", "info"])
+        .env("MEMAGENT_PREFETCH_AHEAD", "1024")
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&text)
+            .contains("decoding:       prefetch 1024 bytes ahead (set by MEMAGENT_PREFETCH_AHEAD)"),
+        "{}",
+        stdout(&text)
+    );
+    let bad = info(&[("MEMAGENT_PREFETCH_AHEAD", "far")]);
+    assert!(
+        bad["error"]
+            .as_str()
+            .unwrap()
+            .contains("MEMAGENT_PREFETCH_AHEAD=far"),
+        "{bad:#}"
+    );
+    let _ = std::fs::remove_dir_all(&cache);
+}
+
 /// The process's resident memory after a 2,048-token prefill stays within the model file,
 /// its key/value cache and 300 MB of scratch: prefill dequantizes blocks of weight rows
 /// inside its GEMM, and the default model's shipped adapter stays beside the weights

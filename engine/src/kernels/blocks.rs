@@ -401,19 +401,14 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// How far ahead of the block being read the products ask for the weights' bytes.
-    /// Decoding reads every weight once per token, from memory: the hardware prefetchers
-    /// stop at each 4 KiB page and one thread alone waited on its loads, at about 4.5 GB/s
-    /// on a Sapphire Rapids Xeon; asking 2-4 KiB ahead gave 8-11 GB/s, and one decoded
-    /// sequence 1.3x the tokens per second. (Past a row's last block it asks for the next
-    /// rows' bytes, or for nothing: a prefetch never faults.)
-    const PREFETCH_AHEAD: usize = 3072;
-
-    /// Asks for the cache line [`PREFETCH_AHEAD`] bytes past `at`.
+    /// Asks for the cache line `ahead` bytes past `at` (the distance this CPU decodes
+    /// fastest with, [`crate::kernels::prefetch::ahead`], read once a row). Past a row's
+    /// last block it asks for the next rows' bytes, or for nothing: a prefetch never
+    /// faults.
     #[inline(always)]
-    pub(crate) fn prefetch(at: *const u8) {
+    pub(crate) fn prefetch(at: *const u8, ahead: usize) {
         // SAFETY: a prefetch reads nothing and never faults, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_AHEAD) as *const i8) }
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(ahead) as *const i8) }
     }
 
     /// The sum of eight lanes, in the order every product here uses.
@@ -677,8 +672,9 @@ pub(crate) mod avx2 {
         // row) or a row's `qs` (32 per block), as checked above.
         unsafe {
             let mut acc = [_mm256_setzero_ps(); N];
+            let ahead = crate::kernels::prefetch::ahead();
             for (b, block) in w.chunks_exact(signed_block_bytes(F)).enumerate() {
-                prefetch(block.as_ptr());
+                prefetch(block.as_ptr(), ahead);
                 let wd = block_scales(block.as_ptr());
                 let wq = signed_bytes::<F>(block);
                 let signed = SignedWeights::new(wq);
@@ -739,9 +735,10 @@ pub(crate) mod avx2 {
             // would be; a single row keeps it in 128 bits.
             let mut summs_one = _mm_setzero_ps();
             let mut summs = _mm256_setzero_ps();
+            let ahead = crate::kernels::prefetch::ahead();
             for b in 0..blocks {
                 let block = w.as_ptr().add(b * BLOCK_BYTES);
-                prefetch(block);
+                prefetch(block, ahead);
                 let dm = block_scales(block);
                 let wq = q4_1_bytes(block);
                 // Lanes 2r and 2r + 1: d × d_r and m × s_r (rounded as scalar products).

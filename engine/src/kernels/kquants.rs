@@ -369,9 +369,10 @@ mod avx2 {
             let mut acc = [_mm256_setzero_ps(); N];
             let mut mins = [0f32; N];
             let signed = format == KFormat::Q6K;
+            let ahead = crate::kernels::prefetch::ahead();
             for (b, block) in w.chunks_exact(format.block_bytes()).enumerate() {
                 for line in (0..format.block_bytes()).step_by(64) {
-                    prefetch(block.as_ptr().wrapping_add(line));
+                    prefetch(block.as_ptr().wrapping_add(line), ahead);
                 }
                 let k = unpack(format, block);
                 // Q6K's weights are signed: the sign moves onto the activations so that

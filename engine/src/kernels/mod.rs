@@ -14,6 +14,7 @@ pub(crate) mod kquants;
 pub(crate) mod linear;
 pub(crate) mod low_rank;
 pub(crate) mod pool;
+pub mod prefetch;
 pub(crate) mod rows;
 pub(crate) mod rowwise;
 pub(crate) mod softmax;

@@ -441,6 +441,34 @@ impl Transformer {
         Ok((2.0 * (rows * macs * cfg.n_layer) as f64, seconds))
     }
 
+    /// One decoded token's matrix products alone, in `blocks` (a range of the model's
+    /// blocks): every projection of each on one row of random inputs, made before the
+    /// clock starts. Returns the seconds they took.
+    pub fn time_decode_products(&self, blocks: std::ops::Range<usize>) -> Result<f64> {
+        let cfg = &self.config;
+        let attn = cfg.n_head * cfg.head_dim;
+        let input = |cols: usize| Tensor::rand(-1f32, 1f32, (1, cols), &self.device);
+        let (x, a, ff) = (input(cfg.n_embd)?, input(attn)?, input(cfg.n_ff)?);
+        let start = std::time::Instant::now();
+        for block in &self.blocks[blocks] {
+            block.wqkv.forward(&x, false)?;
+            block.wo.forward(&a, false)?;
+            block.w_gate_up.forward(&x, false)?;
+            block.w_down.forward(&ff, false)?;
+        }
+        Ok(start.elapsed().as_secs_f64())
+    }
+
+    /// Whether the model runs on the CPU.
+    pub fn on_cpu(&self) -> bool {
+        self.device.is_cpu()
+    }
+
+    /// The number of blocks (layers).
+    pub fn blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
     fn check_input(&self, ids: &[Vec<u32>], cache: &KvCache) -> Result<(usize, usize)> {
         let b = ids.len();
         let t = ids.first().map_or(0, Vec::len);

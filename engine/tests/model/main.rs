@@ -5,3 +5,4 @@ mod conformance;
 mod generation;
 mod loader;
 mod support;
+mod tuning;
