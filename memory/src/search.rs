@@ -5,7 +5,9 @@
 use std::cell::RefCell;
 
 use memagent_agent::TextTokenizer;
-use memagent_recall::passages::{focus, lowercase_names, mentions, names, shares_words};
+use memagent_recall::passages::{
+    focus, focus_turns, is_turn, lowercase_names, mentions, names, shares_words,
+};
 use memagent_recall::{Hit, LogSource, Origin, Recall, SearchRequest, SyncReport};
 use serde::{Deserialize, Serialize};
 
@@ -195,9 +197,13 @@ pub fn search(
         .collect()
 }
 
-/// Tokens of evidence an answer prompt holds by default: with the small profile's 256
-/// memory tokens, the prompt stays under 1,100 tokens however long the stream grows.
-pub const EVIDENCE_TOKENS: usize = 512;
+/// Tokens of passages an answer reads by default, its prompts together: each prompt
+/// holds one passage (and the question), so none grows with the stream or the budget.
+/// Chosen on LoCoMo's development conversations (docs/benchmarks/conversations/): with
+/// chat passages read by their turns ([`shown_text`]) 768 tokens read about four passages
+/// a question; with passages read whole, 512 tokens read two and answered "not known" to
+/// 12% of the answerable questions, 768 to 6%, and 1,024 scored lower than 768.
+pub const EVIDENCE_TOKENS: usize = 768;
 
 /// A passage that shares no word with the question enters an answer's prompt only when
 /// its embedding is at least this similar to the question's (cosine).
@@ -244,14 +250,32 @@ pub(crate) fn same_word(a: &str, b: &str) -> bool {
         || (a.chars().count() >= 4 && strsim::damerau_levenshtein(a, b) <= 1)
 }
 
-/// Sentences of each passage an answer prompt keeps (those sharing the most words with
-/// the question; the whole passage when none does).
+/// Sentences of a plain-text passage an answer prompt keeps (those sharing the most
+/// words with the question; the whole passage when none does).
 pub const FOCUS_SENTENCES: usize = 2;
 
-/// The passages an answer reads: the best of `evidence`, each cut to the sentences that
-/// bear on `question` ([`focus`](memagent_recall::passages::focus)), as many as fit in
-/// `budget` tokens of `tokenizer` (one that does not fit is skipped for a shorter one
-/// after it), in log order (oldest first, so the latest word on a fact comes last).
+/// What an answer's prompt shows of a passage's `text` for `question`: of a chat passage
+/// (one holding the start of a turn), the [`FOCUS_SENTENCES`] turns bearing on the
+/// question with the turns before and after each
+/// ([`focus_turns`](memagent_recall::passages::focus_turns)), since a turn's words answer
+/// the turns around it ("Yes! Two bowls and a cup" says what the question before it
+/// asked); of other text, the sentences bearing on the question
+/// ([`focus`](memagent_recall::passages::focus)), which stand on their own. Measured on
+/// LoCoMo's development conversations and the generated checks
+/// (docs/benchmarks/conversations/): sentences alone read single-hop questions worst;
+/// whole chat passages read them best but lost the generated chats' facts among their
+/// neighbours; plain text read whole loses RULER's multi-value needles.
+pub fn shown_text(text: &str, question: &str) -> String {
+    match text.lines().any(is_turn) {
+        true => focus_turns(text, question, FOCUS_SENTENCES),
+        false => focus(text, question, FOCUS_SENTENCES),
+    }
+}
+
+/// The passages an answer reads: the best of `evidence`, each as [`shown_text`] shows
+/// it, as many as fit in `budget` tokens of `tokenizer` (one that does not fit is
+/// skipped for a shorter one after it), in log order (oldest first, so the latest word
+/// on a fact comes last).
 pub fn evidence_passages(
     tokenizer: &dyn TextTokenizer,
     question: &str,
@@ -276,7 +300,7 @@ pub fn evidence_passages(
         {
             continue;
         }
-        let text = focus(e.hit.shown(), question, FOCUS_SENTENCES);
+        let text = shown_text(e.hit.shown(), question);
         // Overlapping windows find the same sentences twice: a passage whose words are
         // all in one already given adds nothing, and one that holds a given one whole
         // takes its place.
@@ -307,12 +331,12 @@ pub fn evidence_passages(
 }
 
 /// The log byte ranges of the sentences of `found` that an answer's prompt shows for
-/// `question` (its [`focus`]; the whole passage when the focus keeps it whole), found
-/// in the stored text.
+/// `question` ([`shown_text`]; the whole passage when it is shown whole), found in the
+/// stored text.
 pub fn shown_ranges(found: &Evidence, question: &str) -> Vec<(u64, u64)> {
     let text = &found.hit.text;
     let whole = (found.hit.start, found.hit.end);
-    let kept = focus(text, question, FOCUS_SENTENCES);
+    let kept = shown_text(text, question);
     if kept == text.trim() {
         return vec![whole];
     }
@@ -487,6 +511,45 @@ mod tests {
         );
         let short = found(7, "One. Two.", None);
         assert_eq!(shown_ranges(&short, "What?"), [(7, 7 + 9)]);
+    }
+
+    /// A chat turn answers the turn before it: the question asked there holds the words
+    /// the answer leaves out, so a chat passage is read by its bearing turns with their
+    /// neighbours, and plain text by its sentences.
+    #[test]
+    fn a_chat_passage_is_shown_by_its_turns_and_plain_text_by_its_sentences() {
+        let chat = "[2023-05-08 13:40] user (Cid): The bakery on Elm closed.\n\
+                    [2023-05-08 13:45] user (Dee): Sad. The traffic was awful too.\n\
+                    [2023-05-08 13:50] user (Cid): Lunch at noon, then.\n\
+                    [2023-05-08 13:56] user (Ana): Did you ever finish the pottery course?\n\
+                    [2023-05-08 13:57] user (Ben): Yes! Made two bowls and a cup. Glazed them blue.";
+        let q = "What did Ben make in the pottery course?";
+        let shown = shown_text(chat, q);
+        assert!(
+            shown.contains("two bowls and a cup. Glazed them blue."),
+            "{shown}"
+        );
+        assert!(
+            shown.starts_with("[2023-05-08 13:56] user (Ana): Did you ever finish"),
+            "{shown}"
+        );
+        assert!(
+            !shown.contains("Lunch") && !shown.contains("traffic"),
+            "{shown}"
+        );
+        let e = found(40, chat, None);
+        let ranges = shown_ranges(&e, q);
+        assert_eq!(ranges.len(), 1, "one run of turns: {ranges:?}");
+        assert_eq!(
+            &chat[(ranges[0].0 - 40) as usize..(ranges[0].1 - 40) as usize],
+            shown
+        );
+        let chosen = evidence_passages(&Words, q, vec![e], 1000).unwrap();
+        assert_eq!(chosen[0].0, shown);
+        let plain = "Fog. The pottery course ended in May. Rain at noon. Ben made bowls.";
+        let shown = shown_text(plain, q);
+        assert!(shown.contains("Ben made bowls."), "{shown}");
+        assert!(!shown.contains("Fog") && !shown.contains("Rain"), "{shown}");
     }
 
     #[test]

@@ -277,6 +277,46 @@ pub fn focus(passage: &str, question: &str, keep: usize) -> String {
         .join(" … ")
 }
 
+/// The turns of a chat `passage` that share the most words with `question` (at most
+/// `keep`; only those naming whom the question names, when some do), each with the turn
+/// before it (the question it answers, or what it goes on from: "Did you finish the
+/// pottery course?" before "Yes! Two bowls and a cup"), in their order: a run of
+/// adjacent turns as the passage has them, runs joined by " … ". The passage itself when
+/// no turn shares a word, or every turn would be kept. A passage starting inside a turn
+/// counts that part as its first turn.
+pub fn focus_turns(passage: &str, question: &str, keep: usize) -> String {
+    let mut turns: Vec<(usize, usize)> = Vec::new();
+    let mut at = 0;
+    for line in passage.split_inclusive('\n') {
+        match turns.last_mut() {
+            Some(last) if !is_turn(line) => last.1 = at + line.len(),
+            _ => turns.push((at, at + line.len())),
+        }
+        at += line.len();
+    }
+    let texts: Vec<&str> = turns.iter().map(|&(a, b)| passage[a..b].trim()).collect();
+    let chosen = best_units(&texts, question, keep);
+    let mut shown: Vec<usize> = chosen
+        .iter()
+        .flat_map(|&i| [i.saturating_sub(1), i])
+        .collect();
+    shown.dedup();
+    if chosen.is_empty() || shown.len() == turns.len() {
+        return passage.trim().to_string();
+    }
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for &i in &shown {
+        match runs.last_mut() {
+            Some(run) if run.1 + 1 == i => run.1 = i,
+            _ => runs.push((i, i)),
+        }
+    }
+    runs.iter()
+        .map(|&(first, last)| passage[turns[first].0..turns[last].1].trim())
+        .collect::<Vec<_>>()
+        .join(" … ")
+}
+
 /// The sentences of `passage` that share a word with `question`, in their order; the
 /// whole passage when none does. A small model asked for every value gives one per
 /// prompt, so a passage holding two is asked once per sentence.
@@ -583,6 +623,50 @@ mod tests {
             ]
         );
         assert_eq!(bearing_sentences(" Rain all day. ", q), ["Rain all day."]);
+    }
+
+    /// A chat passage is read by its turns: the one bearing on the question comes with
+    /// the turn before it, which asked what the answer leaves unsaid.
+    #[test]
+    fn focus_turns_keeps_the_bearing_turns_with_the_turns_before_them() {
+        let passage = "and the rain stopped by noon.\n\
+            [2023-05-08 13:50] user (Cid): The bakery on Elm closed last week.\n\
+            [2023-05-08 13:56] user (Ana): Did you finish the pottery course, Ben?\n\
+            [2023-05-08 13:57] user (Ben): Yes! Two bowls and a cup,\n\
+            glazed blue.\n\
+            [2023-05-08 13:58] user (Cid): The traffic was awful today.";
+        let q = "What did Ben make in the pottery course?";
+        assert_eq!(
+            focus_turns(passage, q, 1),
+            "[2023-05-08 13:50] user (Cid): The bakery on Elm closed last week.\n\
+             [2023-05-08 13:56] user (Ana): Did you finish the pottery course, Ben?"
+        );
+        let shown = focus_turns(passage, q, 2);
+        assert!(
+            shown.contains("pottery course, Ben?\n[2023-05-08 13:57] user (Ben): Yes! Two bowls"),
+            "{shown}"
+        );
+        assert!(
+            !shown.contains("traffic") && !shown.contains("rain"),
+            "{shown}"
+        );
+        // Two bearing turns apart: two runs, each with the turn before it.
+        let q = "When did the rain stop, and how was the traffic?";
+        let shown = focus_turns(passage, q, 2);
+        assert!(shown.starts_with("and the rain stopped"), "{shown}");
+        assert!(
+            shown.contains(" … [2023-05-08 13:57] user (Ben): Yes!"),
+            "{shown}"
+        );
+        assert!(shown.ends_with("awful today."), "{shown}");
+        assert!(
+            !shown.contains("bakery") && !shown.contains("pottery"),
+            "{shown}"
+        );
+        // Nothing shared, or everything kept: the passage as it is.
+        assert_eq!(focus_turns(passage, "Who won the match?", 2), passage);
+        let two = "[2023-05-08 13:56] user (Ben): Pottery?\n[2023-05-08 13:57] user (Ana): Yes.";
+        assert_eq!(focus_turns(two, "Did Ana say yes to pottery?", 2), two);
     }
 
     #[test]
