@@ -258,7 +258,7 @@ pub const FOCUS_SENTENCES: usize = 2;
 /// (one holding the start of a turn), the [`FOCUS_SENTENCES`] turns bearing on the
 /// question with the turns before and after each
 /// ([`focus_turns`](memagent_recall::passages::focus_turns)), since a turn's words answer
-/// the turns around it ("Yes! Two bowls and a cup" says what the question before it
+/// the turns around it ("Yes! A stool and two shelves" says what the question before it
 /// asked); of other text, the sentences bearing on the question
 /// ([`focus`](memagent_recall::passages::focus)), which stand on their own. Measured on
 /// LoCoMo's development conversations and the generated checks
@@ -521,12 +521,12 @@ mod tests {
         let chat = "[2023-05-08 13:40] user (Cid): The bakery on Elm closed.\n\
                     [2023-05-08 13:45] user (Dee): Sad. The traffic was awful too.\n\
                     [2023-05-08 13:50] user (Cid): Lunch at noon, then.\n\
-                    [2023-05-08 13:56] user (Ana): Did you ever finish the pottery course?\n\
-                    [2023-05-08 13:57] user (Ben): Yes! Made two bowls and a cup. Glazed them blue.";
-        let q = "What did Ben make in the pottery course?";
+                    [2023-05-08 13:56] user (Ana): Did you ever finish the woodworking class?\n\
+                    [2023-05-08 13:57] user (Ben): Yes! Made a stool and two shelves. Sanded them smooth.";
+        let q = "What did Ben make in the woodworking class?";
         let shown = shown_text(chat, q);
         assert!(
-            shown.contains("two bowls and a cup. Glazed them blue."),
+            shown.contains("a stool and two shelves. Sanded them smooth."),
             "{shown}"
         );
         assert!(
@@ -546,9 +546,9 @@ mod tests {
         );
         let chosen = evidence_passages(&Words, q, vec![e], 1000).unwrap();
         assert_eq!(chosen[0].0, shown);
-        let plain = "Fog. The pottery course ended in May. Rain at noon. Ben made bowls.";
+        let plain = "Fog. The woodworking class ended in May. Rain at noon. Ben made shelves.";
         let shown = shown_text(plain, q);
-        assert!(shown.contains("Ben made bowls."), "{shown}");
+        assert!(shown.contains("Ben made shelves."), "{shown}");
         assert!(!shown.contains("Fog") && !shown.contains("Rain"), "{shown}");
     }
 

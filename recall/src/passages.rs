@@ -280,7 +280,7 @@ pub fn focus(passage: &str, question: &str, keep: usize) -> String {
 /// The turns of a chat `passage` that share the most words with `question` (at most
 /// `keep`; only those naming whom the question names, when some do), each with the turn
 /// before it (the question it answers, or what it goes on from: "Did you finish the
-/// pottery course?" before "Yes! Two bowls and a cup"), in their order: a run of
+/// woodworking class?" before "Yes! A stool and two shelves"), in their order: a run of
 /// adjacent turns as the passage has them, runs joined by " … ". The passage itself when
 /// no turn shares a word, or every turn would be kept. A passage starting inside a turn
 /// counts that part as its first turn.
@@ -631,19 +631,19 @@ mod tests {
     fn focus_turns_keeps_the_bearing_turns_with_the_turns_before_them() {
         let passage = "and the rain stopped by noon.\n\
             [2023-05-08 13:50] user (Cid): The bakery on Elm closed last week.\n\
-            [2023-05-08 13:56] user (Ana): Did you finish the pottery course, Ben?\n\
-            [2023-05-08 13:57] user (Ben): Yes! Two bowls and a cup,\n\
-            glazed blue.\n\
+            [2023-05-08 13:56] user (Ana): Did you finish the woodworking class, Ben?\n\
+            [2023-05-08 13:57] user (Ben): Yes! A stool and two shelves,\n\
+            sanded smooth.\n\
             [2023-05-08 13:58] user (Cid): The traffic was awful today.";
-        let q = "What did Ben make in the pottery course?";
+        let q = "What did Ben make in the woodworking class?";
         assert_eq!(
             focus_turns(passage, q, 1),
             "[2023-05-08 13:50] user (Cid): The bakery on Elm closed last week.\n\
-             [2023-05-08 13:56] user (Ana): Did you finish the pottery course, Ben?"
+             [2023-05-08 13:56] user (Ana): Did you finish the woodworking class, Ben?"
         );
         let shown = focus_turns(passage, q, 2);
         assert!(
-            shown.contains("pottery course, Ben?\n[2023-05-08 13:57] user (Ben): Yes! Two bowls"),
+            shown.contains("woodworking class, Ben?\n[2023-05-08 13:57] user (Ben): Yes! A stool"),
             "{shown}"
         );
         assert!(
@@ -660,13 +660,14 @@ mod tests {
         );
         assert!(shown.ends_with("awful today."), "{shown}");
         assert!(
-            !shown.contains("bakery") && !shown.contains("pottery"),
+            !shown.contains("bakery") && !shown.contains("woodworking"),
             "{shown}"
         );
         // Nothing shared, or everything kept: the passage as it is.
         assert_eq!(focus_turns(passage, "Who won the match?", 2), passage);
-        let two = "[2023-05-08 13:56] user (Ben): Pottery?\n[2023-05-08 13:57] user (Ana): Yes.";
-        assert_eq!(focus_turns(two, "Did Ana say yes to pottery?", 2), two);
+        let two =
+            "[2023-05-08 13:56] user (Ben): Woodworking?\n[2023-05-08 13:57] user (Ana): Yes.";
+        assert_eq!(focus_turns(two, "Did Ana say yes to woodworking?", 2), two);
     }
 
     #[test]
