@@ -41,6 +41,10 @@ const GIVE_UP: std::time::Duration = std::time::Duration::from_millis(600);
 /// Weight bytes of the windows measured, about: past a CPU's private caches, and short.
 const WINDOW_BYTES: u64 = 8 << 20;
 
+/// A model file under this size is not measured (nor cached): its weights stay in the
+/// CPU's caches from one token to the next, so no distance makes a difference.
+pub const SMALLEST_MODEL: u64 = 4 * WINDOW_BYTES;
+
 /// How the distance in use was chosen.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -198,6 +202,14 @@ pub fn tune_decode(
         let why = "the model runs on a GPU".to_string();
         return Ok(chosen(Source::Default(why), DEFAULT_AHEAD, Vec::new()));
     }
+    let model_bytes = std::fs::metadata(model_file).map_or(0, |m| m.len());
+    if model_bytes < SMALLEST_MODEL {
+        let why = format!(
+            "its {:.1} MB fit in the caches: decoding does not wait on memory",
+            model_bytes as f64 / 1e6
+        );
+        return Ok(chosen(Source::Default(why), DEFAULT_AHEAD, Vec::new()));
+    }
     let key = cache_key(model_file);
     if let Some(found) = cache.and_then(|c| read_cache(c).remove(&key)) {
         return Ok(chosen(
@@ -206,7 +218,6 @@ pub fn tune_decode(
             found.candidates,
         ));
     }
-    let model_bytes = std::fs::metadata(model_file).map_or(0, |m| m.len());
     let (ahead, candidates, why) = measure(transformer, model_bytes)?;
     let tuning = match why {
         Some(why) => chosen(Source::Default(why), ahead, candidates),

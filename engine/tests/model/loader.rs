@@ -45,6 +45,12 @@ fn tiny_models_of_every_architecture_load_and_generate() {
             (2, 4, 2, 256)
         );
         let model = load(&path).unwrap();
+        // A model this small stays in the caches: decoding's prefetch is not measured.
+        let tuning = model.decode_tuning();
+        assert!(
+            matches!(&tuning.source, memagent_engine::tuning::Source::Default(why) if why.contains("fit in the caches")),
+            "{tuning}"
+        );
         assert_eq!(
             model.tokenizer().encode("Hello", false).unwrap(),
             vec![260, 111]
