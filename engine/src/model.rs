@@ -28,6 +28,8 @@ pub struct LoadOptions {
     /// A LoRA adapter (`memctl train`) loaded beside the weights: the calls that ask for
     /// it ([`GenerateOptions::adapter`]) run with it, the others with the base model.
     pub adapter: AdapterChoice,
+    /// How decoding's prefetch distance is chosen on this CPU ([`crate::tuning`]).
+    pub prefetch: crate::tuning::Prefetch,
 }
 
 impl Default for LoadOptions {
@@ -40,6 +42,7 @@ impl Default for LoadOptions {
             },
             tokenizer: None,
             adapter: AdapterChoice::None,
+            prefetch: crate::tuning::Prefetch::default(),
         }
     }
 }
@@ -303,8 +306,7 @@ impl LocalModel {
             adapter.as_ref(),
             &options.device,
         )?;
-        let cache = crate::tuning::default_cache();
-        let decode_tuning = crate::tuning::tune_decode(&transformer, path, cache.as_deref())?;
+        let decode_tuning = crate::tuning::tune_decode(&transformer, path, &options.prefetch)?;
         tracing::debug!("decoding: {decode_tuning}");
         Ok(Self {
             decode_tuning,

@@ -8,9 +8,8 @@
 //! from the window before; the distances take turns within each round, in a rotated
 //! order, until [`BUDGET`] is spent. The fastest by median replaces the default only
 //! when it is [`MARGIN`] faster. The choice is kept per CPU, thread count, build and
-//! model file in a small JSON file (`$XDG_CACHE_HOME/memagent/decode-tuning.json`, else
-//! `~/.cache/memagent/`), so later loads measure nothing. `MEMAGENT_PREFETCH_AHEAD=N`
-//! sets the distance without measuring.
+//! model file in a small JSON file the caller names ([`Prefetch::Measure`]), so later
+//! loads measure nothing; a caller may also set the distance ([`Prefetch::Set`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -45,6 +44,22 @@ const WINDOW_BYTES: u64 = 8 << 20;
 /// CPU's caches from one token to the next, so no distance makes a difference.
 pub const SMALLEST_MODEL: u64 = 4 * WINDOW_BYTES;
 
+/// How a model's loader gets the prefetch distance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prefetch {
+    /// Measured, and kept in the cache file when one is named (read from it when it
+    /// holds this CPU, build and model file).
+    Measure { cache: Option<PathBuf> },
+    /// This many bytes ahead, without measuring; `by` says who set it (for messages).
+    Set { bytes: usize, by: String },
+}
+
+impl Default for Prefetch {
+    fn default() -> Self {
+        Self::Measure { cache: None }
+    }
+}
+
 /// How the distance in use was chosen.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -53,8 +68,8 @@ pub enum Source {
     Measured,
     /// Measured before, for this CPU, build and model file, and read from the cache.
     Cached,
-    /// Set by `MEMAGENT_PREFETCH_AHEAD`.
-    Environment,
+    /// Set by the caller (what set it: an environment variable, an option).
+    Set(String),
     /// Not measured, with the reason.
     Default(String),
 }
@@ -86,7 +101,7 @@ impl std::fmt::Display for DecodeTuning {
         match &self.source {
             Source::Measured => write!(f, " (measured in {:.0} ms", self.ms)?,
             Source::Cached => write!(f, " (measured before, read in {:.1} ms", self.ms)?,
-            Source::Environment => return write!(f, " (set by MEMAGENT_PREFETCH_AHEAD)"),
+            Source::Set(by) => return write!(f, " (set by {by})"),
             Source::Default(why) => return write!(f, " (the default: {why})"),
         }
         let shown: Vec<String> = self
@@ -96,20 +111,6 @@ impl std::fmt::Display for DecodeTuning {
             .collect();
         write!(f, "; ms a block by distance: {})", shown.join(", "))
     }
-}
-
-/// The cache file's default place: `$XDG_CACHE_HOME/memagent/decode-tuning.json`, else
-/// `$HOME/.cache/memagent/decode-tuning.json`.
-pub fn default_cache() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|h| PathBuf::from(h).join(".cache"))
-        })?;
-    Some(base.join("memagent").join("decode-tuning.json"))
 }
 
 /// What a choice is kept under: the CPU (its name and, on x86, family, model and
@@ -165,13 +166,13 @@ fn write_cache(path: &Path, key: String, tuning: &DecodeTuning) {
     }
 }
 
-/// Chooses and sets the prefetch distance for `transformer` (loaded from `model_file`):
-/// from `MEMAGENT_PREFETCH_AHEAD`, from `cache` when it holds this CPU, build and file,
-/// else by measuring (and keeping the result in `cache`).
+/// Chooses and sets the prefetch distance for `transformer` (loaded from `model_file`)
+/// as `how` asks: as set, from the cache when it holds this CPU, build and file, else by
+/// measuring (and keeping the result in the cache).
 pub fn tune_decode(
     transformer: &Transformer,
     model_file: &Path,
-    cache: Option<&Path>,
+    how: &Prefetch,
 ) -> Result<DecodeTuning> {
     let started = Instant::now();
     let chosen = |source: Source, ahead: usize, candidates: Vec<Candidate>| {
@@ -183,17 +184,12 @@ pub fn tune_decode(
             ms: started.elapsed().as_secs_f64() * 1e3,
         }
     };
-    if let Some(v) = std::env::var("MEMAGENT_PREFETCH_AHEAD")
-        .ok()
-        .filter(|v| !v.trim().is_empty())
-    {
-        let ahead = v.trim().parse().map_err(|_| {
-            crate::Error::InvalidRequest(format!(
-                "MEMAGENT_PREFETCH_AHEAD={v}: expected a number of bytes, such as {DEFAULT_AHEAD}"
-            ))
-        })?;
-        return Ok(chosen(Source::Environment, ahead, Vec::new()));
-    }
+    let cache = match how {
+        Prefetch::Set { bytes, by } => {
+            return Ok(chosen(Source::Set(by.clone()), *bytes, Vec::new()))
+        }
+        Prefetch::Measure { cache } => cache.as_deref(),
+    };
     if !cfg!(x86_avx2) {
         let why = "this build's products do not prefetch (no AVX2)".to_string();
         return Ok(chosen(Source::Default(why), DEFAULT_AHEAD, Vec::new()));

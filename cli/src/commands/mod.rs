@@ -19,6 +19,7 @@ use anyhow::{bail, Context, Result};
 use memagent_agent::{
     MemoryAgent, OpenAiBackend, Profile, RemoteOptions, RemoteTokenizer, TextTokenizer,
 };
+use memagent_engine::tuning::Prefetch;
 use memagent_engine::{
     open_device, AdapterChoice, LoadOptions, LocalModel, PrefillWeights, SamplingParams, Tokenizer,
     WeightPlan,
@@ -86,6 +87,36 @@ pub(crate) fn prefill_weights() -> Result<PrefillWeights> {
     }
 }
 
+/// How decoding's prefetch distance is chosen: `MEMAGENT_PREFETCH_AHEAD` bytes when set,
+/// else measured once per CPU and model file and kept in
+/// `$XDG_CACHE_HOME/memagent/decode-tuning.json` (else `~/.cache/memagent/`).
+pub(crate) fn prefetch_choice() -> Result<Prefetch> {
+    let by = "MEMAGENT_PREFETCH_AHEAD";
+    if let Some(v) = std::env::var(by).ok().filter(|v| !v.trim().is_empty()) {
+        let bytes = v.trim().parse().map_err(|_| {
+            anyhow::anyhow!(
+                "{by}={v}: expected a number of bytes, such as {}",
+                memagent_engine::prefetch::DEFAULT_AHEAD
+            )
+        })?;
+        return Ok(Prefetch::Set {
+            bytes,
+            by: by.to_string(),
+        });
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| std::path::PathBuf::from(h).join(".cache"))
+        });
+    Ok(Prefetch::Measure {
+        cache: base.map(|b| b.join("memagent").join("decode-tuning.json")),
+    })
+}
+
 /// Loads the model the settings point at, on the chosen device.
 pub(crate) fn load_model(global: &Settings) -> Result<LocalModel> {
     let path = global.model_path()?;
@@ -97,6 +128,7 @@ pub(crate) fn load_model(global: &Settings) -> Result<LocalModel> {
         },
         tokenizer: global.tokenizer.clone(),
         adapter: adapter_choice(global),
+        prefetch: prefetch_choice()?,
     };
     tracing::info!("loading model {}", path.display());
     Ok(LocalModel::load(&path, &options)?)

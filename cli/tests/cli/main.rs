@@ -178,7 +178,7 @@ fn model_info_says_how_decoding_was_set_for_this_cpu() {
         assert!(cache.join("memagent/decode-tuning.json").is_file());
     }
     let set = info(&[("MEMAGENT_PREFETCH_AHEAD", "1024")]);
-    assert_eq!(set["source"], "environment", "{set:#}");
+    assert_eq!(set["source"]["set"], "MEMAGENT_PREFETCH_AHEAD", "{set:#}");
     assert_eq!(set["prefetch_ahead"], 1024);
     let model = model_path();
     let text = Command::new(env!("CARGO_BIN_EXE_memctl"))

@@ -3,7 +3,7 @@
 //! computes.
 
 use memagent_engine::prefetch::{self, CANDIDATES, DEFAULT_AHEAD};
-use memagent_engine::tuning::{tune_decode, Source, MIN_ROUNDS};
+use memagent_engine::tuning::{tune_decode, Prefetch, Source, MIN_ROUNDS};
 
 use super::support::{model, model_path};
 
@@ -46,7 +46,10 @@ fn the_distance_is_measured_once_then_read_from_the_cache() {
     let _ = std::fs::remove_dir_all(&dir);
     let cache = dir.join("decode-tuning.json");
     let t = model().transformer();
-    let first = tune_decode(t, &model_path(), Some(&cache)).unwrap();
+    let how = Prefetch::Measure {
+        cache: Some(cache.clone()),
+    };
+    let first = tune_decode(t, &model_path(), &how).unwrap();
     if cfg!(all(
         target_arch = "x86_64",
         target_feature = "avx2",
@@ -60,7 +63,7 @@ fn the_distance_is_measured_once_then_read_from_the_cache() {
         }
         assert_eq!(prefetch::ahead(), first.prefetch_ahead);
         assert!(cache.is_file());
-        let second = tune_decode(t, &model_path(), Some(&cache)).unwrap();
+        let second = tune_decode(t, &model_path(), &how).unwrap();
         assert_eq!(second.source, Source::Cached, "{second}");
         assert_eq!(second.prefetch_ahead, first.prefetch_ahead);
         assert_eq!(second.candidates, first.candidates);
@@ -70,5 +73,18 @@ fn the_distance_is_measured_once_then_read_from_the_cache() {
         assert!(matches!(first.source, Source::Default(_)), "{first}");
         assert!(!cache.exists());
     }
+    // A distance set by the caller is used as it is.
+    let set = Prefetch::Set {
+        bytes: 1024,
+        by: "a test".into(),
+    };
+    let tuning = tune_decode(t, &model_path(), &set).unwrap();
+    assert_eq!(tuning.source, Source::Set("a test".into()));
+    assert_eq!((tuning.prefetch_ahead, prefetch::ahead()), (1024, 1024));
+    assert_eq!(
+        tuning.to_string(),
+        "prefetch 1024 bytes ahead (set by a test)"
+    );
+    prefetch::set_ahead(model().decode_tuning().prefetch_ahead);
     let _ = std::fs::remove_dir_all(&dir);
 }
