@@ -116,11 +116,9 @@ impl std::fmt::Display for DecodeTuning {
 /// What a choice is kept under: the CPU (its name and, on x86, family, model and
 /// stepping), the threads, the build and the model file (name, size and modification
 /// time).
-fn cache_key(model_file: &Path) -> String {
+fn cache_key(model_file: &Path, file: Option<&std::fs::Metadata>) -> String {
     let machine = crate::bench::machine();
-    let file = std::fs::metadata(model_file).ok();
     let modified = file
-        .as_ref()
         .and_then(|m| m.modified().ok())
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_secs());
@@ -198,7 +196,8 @@ pub fn tune_decode(
         let why = "the model runs on a GPU".to_string();
         return Ok(chosen(Source::Default(why), DEFAULT_AHEAD, Vec::new()));
     }
-    let model_bytes = std::fs::metadata(model_file).map_or(0, |m| m.len());
+    let file = std::fs::metadata(model_file).ok();
+    let model_bytes = file.as_ref().map_or(0, |m| m.len());
     if model_bytes < SMALLEST_MODEL {
         let why = format!(
             "its {:.1} MB fit in the caches: decoding does not wait on memory",
@@ -206,7 +205,7 @@ pub fn tune_decode(
         );
         return Ok(chosen(Source::Default(why), DEFAULT_AHEAD, Vec::new()));
     }
-    let key = cache_key(model_file);
+    let key = cache_key(model_file, file.as_ref());
     if let Some(found) = cache.and_then(|c| read_cache(c).remove(&key)) {
         return Ok(chosen(
             Source::Cached,

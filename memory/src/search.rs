@@ -112,6 +112,15 @@ pub fn sync_all(store: &Store, recall: &Recall) -> Result<Vec<(String, SyncRepor
             recall.reset(Some(id)).map_err(Error::from)?;
         }
     }
+    sync_grown(store, recall, streams)
+}
+
+/// Indexes those of `streams` whose log grew past what the index holds.
+fn sync_grown(
+    store: &Store,
+    recall: &Recall,
+    streams: Vec<StreamRecord>,
+) -> Result<Vec<(String, SyncReport)>> {
     let mut out = Vec::new();
     for stream in streams {
         if recall.stream_state(stream.id).len < stream.log_len {
@@ -145,13 +154,7 @@ pub fn sync_changes(
     for id in changes.removed.iter().filter(|id| indexed.contains(id)) {
         recall.reset(Some(*id)).map_err(Error::from)?;
     }
-    let mut out = Vec::new();
-    for stream in changes.streams {
-        if recall.stream_state(stream.id).len < stream.log_len {
-            let report = sync_stream(store, recall, &stream, &mut |_| {})?;
-            out.push((stream.name, report));
-        }
-    }
+    let out = sync_grown(store, recall, changes.streams)?;
     *mark = Some(changes.through);
     Ok(out)
 }
@@ -250,8 +253,8 @@ pub(crate) fn same_word(a: &str, b: &str) -> bool {
         || (a.chars().count() >= 4 && strsim::damerau_levenshtein(a, b) <= 1)
 }
 
-/// Sentences of a plain-text passage an answer prompt keeps (those sharing the most
-/// words with the question; the whole passage when none does).
+/// Sentences of a plain-text passage, or turns of a chat passage, an answer prompt keeps
+/// (those sharing the most words with the question; the whole passage when none does).
 pub const FOCUS_SENTENCES: usize = 2;
 
 /// What an answer's prompt shows of a passage's `text` for `question`: of a chat passage
