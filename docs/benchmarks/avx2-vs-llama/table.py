@@ -29,6 +29,8 @@ def print_round(rnd, title):
             b = llama.get(test)
             bt = f"{b['avg_ts']:,.1f} ± {b['stddev_ts']:.1f}" if b else "-"
             ratio = f"**{a / b['avg_ts']:.2f}x**" if a and b else "-"
+            if not a and not b:
+                continue  # a length this run did not measure
             print(f"| {model} | {test} | {a:,.1f} | {bt} | {ratio} |" if a else f"| {model} | {test} | - | {bt} | - |")
         for test, r in ours.items():
             if test.endswith("x4"):
