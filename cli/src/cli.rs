@@ -1351,8 +1351,10 @@ pub struct BenchSharedArgs {
     /// Streams appended to at the start of each run
     #[arg(long, default_value_t = 300)]
     pub streams: usize,
-    /// Chunks of text each stream gets
-    #[arg(long, default_value_t = 4)]
+    /// Chunks of text each stream gets: enough that a run measures the daemons' steady
+    /// rate rather than their start (a daemon looks for text appended elsewhere once a
+    /// second, so the first steps wait up to a second)
+    #[arg(long, default_value_t = 12)]
     pub chunks: usize,
     /// Tokens per chunk
     #[arg(long, default_value_t = 64)]
