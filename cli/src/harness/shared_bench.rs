@@ -40,15 +40,18 @@ impl Drop for Child {
 }
 
 pub fn run(global: &Settings, args: &BenchSharedArgs) -> Result<()> {
+    if args.daemons.is_empty() || args.daemons.contains(&0) {
+        bail!("--daemons takes counts of one or more, e.g. --daemons 1,2,3");
+    }
+    if args.streams == 0 || args.chunks == 0 || args.chunk_tokens == 0 {
+        bail!("--streams, --chunks and --chunk-tokens take one or more: with none there is no step to time");
+    }
     let Some(server) = global.database()? else {
         bail!(
             "bench shared needs a PostgreSQL server: pass --database postgres://user@host:port/db \
              (each run creates a database of its own there and drops it after)"
         );
     };
-    if args.daemons.is_empty() || args.daemons.contains(&0) {
-        bail!("--daemons takes counts of one or more, e.g. --daemons 1,2,3");
-    }
     let (tokenizer, model) = crate::commands::tokenize::tokenizer(global)?;
     let text = texts(&tokenizer, args)?;
     let (upstream, _stand_in) = match &args.upstream {

@@ -64,6 +64,31 @@ fn stderr(o: &Output) -> String {
 }
 
 #[test]
+fn bench_shared_refuses_a_run_with_nothing_to_step() {
+    // Refused before any server is reached: the URL names a port nothing listens on.
+    for (flag, value) in [
+        ("--chunks", "0"),
+        ("--streams", "0"),
+        ("--chunk-tokens", "0"),
+    ] {
+        let o = memctl(&[
+            "--database",
+            "postgres://127.0.0.1:1/x",
+            "bench",
+            "shared",
+            flag,
+            value,
+        ]);
+        assert_eq!(o.status.code(), Some(1), "{flag}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("take one or more"),
+            "{flag}: {}",
+            stderr(&o)
+        );
+    }
+}
+
+#[test]
 fn help_lists_the_commands() {
     let o = memctl(&["--help"]);
     assert!(o.status.success());
