@@ -316,6 +316,11 @@ pub struct TrainDataOptions {
     /// changed later, never said, and lists of values
     #[arg(long, default_value_t = 0.0, value_parser = share)]
     pub evidence_share: f64,
+    /// Share of those answers read from chat exchanges: a few dated turns of two people,
+    /// the fact said in a reply that shares few of the question's words, as answers read
+    /// a chat log's passages
+    #[arg(long, default_value_t = 0.0, value_parser = share)]
+    pub dialogue_share: f64,
     /// How general-mode update steps write the memory: `rewrite` (the whole memory) or
     /// `lines` (only the chunk's new facts, or NONE; what `memctl ingest --writer lines`
     /// asks the model)

@@ -31,6 +31,7 @@ use crate::error::{Error, Result};
 use crate::haystack::Haystack;
 use crate::ruler::{compose, CITIES};
 
+mod dialogue;
 mod evidence;
 pub use evidence::EVIDENCE_FAMILIES;
 
@@ -71,10 +72,18 @@ pub struct DataConfig {
     /// evidence prompt of `memctl query`) in place of a trajectory's conversation.
     #[serde(default)]
     pub evidence_share: f64,
+    /// Share of the evidence examples that are chat exchanges (a few dated turns of two
+    /// people, the fact said in a reply), the passages an answer reads from a chat log.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dialogue_share: f64,
     /// How general-mode update steps write the memory: the whole memory rewritten, or
     /// only the chunk's new facts as lines (`memctl ingest --writer lines`).
     #[serde(default, skip_serializing_if = "is_rewrite")]
     pub writer: Writer,
+}
+
+fn is_zero(share: &f64) -> bool {
+    *share == 0.0
 }
 
 fn is_rewrite(w: &Writer) -> bool {
@@ -90,6 +99,7 @@ impl Default for DataConfig {
             memory_tokens: 256,
             general_share: 0.35,
             evidence_share: 0.0,
+            dialogue_share: 0.0,
             writer: Writer::Rewrite,
         }
     }
@@ -274,7 +284,11 @@ pub fn example(
 ) -> Result<Example> {
     let mut rng = rng_for(config.seed ^ 0x00E8_A391, split, index);
     if config.evidence_share > 0.0 && rng.random_bool(config.evidence_share.min(1.0)) {
-        return Ok(evidence::evidence_example(Patterns::of(split), &mut rng));
+        let patterns = Patterns::of(split);
+        if config.dialogue_share > 0.0 && rng.random_bool(config.dialogue_share.min(1.0)) {
+            return Ok(dialogue::dialogue_example(patterns, &mut rng));
+        }
+        return Ok(evidence::evidence_example(patterns, &mut rng));
     }
     let t = trajectory(tokenizer, fillers, config, split, index)?;
     let mut examples = t.examples(config.writer);
@@ -363,6 +377,8 @@ struct Patterns {
     /// Passing remarks that sound like facts but are not durable (what happened today,
     /// what was eaten or watched): each a list of fragment lists, one drawn from each.
     passing: &'static [&'static [&'static [&'static str]]],
+    /// Chat exchanges: a turn asking, the reply that says a fact, the question on it.
+    exchanges: &'static [dialogue::Exchange],
 }
 
 impl Patterns {
@@ -980,6 +996,7 @@ static TRAIN: Patterns = Patterns {
             &["last weekend.", "this morning.", "today."],
         ],
     ],
+    exchanges: dialogue::TRAIN_EXCHANGES,
 };
 
 static VALIDATION: Patterns = Patterns {
@@ -1100,6 +1117,7 @@ static VALIDATION: Patterns = Patterns {
             &["all week.", "last weekend."],
         ],
     ],
+    exchanges: dialogue::VALIDATION_EXCHANGES,
 };
 
 const RELATIONS: &[&str] = &["sister", "brother", "cousin", "mother", "father", "friend"];

@@ -24,6 +24,7 @@ fn data_config(o: &TrainDataOptions) -> DataConfig {
         memory_tokens: o.memory_tokens,
         general_share: o.general_share,
         evidence_share: o.evidence_share,
+        dialogue_share: o.dialogue_share,
         writer: o.writer,
     }
 }

@@ -232,3 +232,84 @@ fn evidence_examples_answer_from_their_one_passage_or_say_it_is_not_known() {
         assert!(seen.contains(family), "{family} generated");
     }
 }
+
+#[test]
+fn dialogue_examples_answer_from_the_reply_of_the_one_asked_about_in_a_few_words() {
+    let tok = tokenizer();
+    let config = DataConfig {
+        evidence_share: 1.0,
+        dialogue_share: 1.0,
+        ..DataConfig::default()
+    };
+    for split in [Split::Train, Split::Validation] {
+        let fillers = Fillers::new(split, None).unwrap();
+        let (mut answered, mut questions) = (0, std::collections::BTreeSet::new());
+        for i in 0..200 {
+            let e = example(&tok, &fillers, &config, split, i).unwrap();
+            let again = example(&tok, &fillers, &config, split, i).unwrap();
+            assert_eq!((&e.message, &e.target), (&again.message, &again.target));
+            assert_eq!(e.family, "evidence-dialogue");
+            assert_eq!(e.template.id, "memagent-passage-answer");
+            let question = e
+                .message
+                .lines()
+                .next()
+                .unwrap()
+                .trim_start_matches("Question: ");
+            questions.insert(
+                question
+                    .split_whitespace()
+                    .take(3)
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            );
+            let found = passage(&e.message);
+            // Every line is a dated turn of a named speaker, but for a cut turn's end first.
+            for line in found.lines().skip(1) {
+                assert!(line.starts_with('[') && line.contains("] user ("), "{line}");
+            }
+            // The one asked about is named in the question and speaks in the passage.
+            let turns_of = |who: &str| {
+                found
+                    .lines()
+                    .filter(move |l| l.contains(&format!("user ({who}):")))
+                    .collect::<Vec<_>>()
+            };
+            let asked = found
+                .lines()
+                .filter_map(|l| l.split_once("user (")?.1.split_once("):"))
+                .map(|(name, _)| name)
+                .find(|name| question.contains(name));
+            match e.values.as_slice() {
+                [] => {
+                    assert_eq!(e.target, "not known", "{}", e.message);
+                }
+                [v] => {
+                    answered += 1;
+                    let asked = asked.expect("the one asked about speaks");
+                    assert!(
+                        turns_of(asked)
+                            .iter()
+                            .any(|l| l.to_lowercase().contains(&v.to_lowercase())),
+                        "{v} said by {asked} in {found}"
+                    );
+                    assert!(e.target.to_lowercase().contains(&v.to_lowercase()));
+                    assert!(e.target.split_whitespace().count() <= 6, "{}", e.target);
+                    for s in &e.stale {
+                        assert!(!e.target.contains(s.as_str()), "stale {s} in {}", e.target);
+                    }
+                }
+                many => panic!("{} values from one passage", many.len()),
+            }
+        }
+        assert!(
+            (110..=180).contains(&answered),
+            "{answered} of 200 {split:?} examples answer"
+        );
+        assert!(
+            questions.len() >= 8,
+            "{} kinds of question",
+            questions.len()
+        );
+    }
+}
