@@ -37,7 +37,6 @@ pub(super) enum Kind {
     Music,
     Colour,
     Event,
-    Code,
 }
 
 /// One exchange: the other speaker's turn that leads to it (empty: none), the reply of
@@ -237,8 +236,6 @@ pub(super) const TRAIN_EXCHANGES: &[Exchange] = &[
         "{value}",
         Kind::Activity,
     ),
-    ex("What's the code for your gate again?", "It's {value}, don't lose it!", "What is the gate code at {name}'s place?", "{value}", Kind::Code),
-    ex("", "The new wifi password is {value}, by the way.", "What is {name}'s wifi password?", "{value}", Kind::Code),
 ];
 
 /// The validation split's exchanges: other wordings, other questions.
@@ -313,7 +310,6 @@ pub(super) const VALIDATION_EXCHANGES: &[Exchange] = &[
         "{value}",
         Kind::Colour,
     ),
-    ex("Which locker is yours?", "Number {value}, the one by the door.", "What is {name}'s locker number?", "{value}", Kind::Code),
 ];
 
 const ACTIVITIES: &[&str] = &[
@@ -350,9 +346,6 @@ const BOOK_WORDS: (&[&str], &[&str]) = (
         "Harbor", "Garden", "Lantern", "River", "Orchard", "Map", "Kingdom", "Letters",
     ],
 );
-const MADE_THINGS: &[&str] = &[
-    "bowl", "stool", "lamp", "frame", "basket", "vase", "quilt", "box", "mug", "scarf",
-];
 const DISHES: &[&str] = &[
     "lasagna",
     "curry",
@@ -408,62 +401,22 @@ const EVENTS: &[&str] = &[
     "concert",
 ];
 
-/// Modifiers that make a listed thing one the reader has not seen ("a walnut stool").
-const MODIFIERS: &[&str] = &[
-    "walnut", "tiny", "knitted", "lemon", "vintage", "striped", "marine", "freelance", "spicy",
-    "folding", "copper", "midnight", "wild", "paper", "glass", "velvet",
-];
-
-/// A made-up word of two or three syllables ("Kavelo"): a name no list holds, so that
-/// the answer has to be copied from the passage.
-fn coined(rng: &mut StdRng) -> String {
-    let word = super::value_of("word", rng);
-    let syllables = 2 * rng.random_range(2..=3);
-    let mut chars = word[..syllables].chars();
-    chars
-        .next()
-        .map(|c| c.to_uppercase().chain(chars).collect())
-        .unwrap_or_default()
-}
-
-/// A value of `kind`: from the lists half the time, else one no list holds (a coined
-/// name, a listed thing with a modifier), so that the reader learns to copy.
 fn value(p: &Patterns, kind: Kind, rng: &mut StdRng) -> String {
     let one = |list: &[&str], rng: &mut StdRng| list.choose(rng).expect("values").to_string();
-    let novel = rng.random_bool(0.5);
-    let modified = |list: &[&str], rng: &mut StdRng| match novel {
-        true => format!("{} {}", one(MODIFIERS, rng), one(list, rng)),
-        false => one(list, rng),
-    };
-    let thing = |rng: &mut StdRng| format!("a {} {}", one(MODIFIERS, rng), one(MADE_THINGS, rng));
     match kind {
-        Kind::Activity => modified(ACTIVITIES, rng),
-        Kind::Place => match rng.random_range(0..3) {
-            0 => one(p.places, rng),
-            1 => one(crate::ruler::CITIES, rng),
-            _ => coined(rng),
-        },
-        Kind::Made if novel => thing(rng),
+        Kind::Activity => one(ACTIVITIES, rng),
+        Kind::Place => one(p.places, rng),
         Kind::Made => one(MADE, rng),
-        Kind::Pet if novel => coined(rng),
         Kind::Pet => one(PETS, rng),
-        Kind::Job => modified(JOBS, rng),
-        Kind::Book if novel => format!("The {} {}", coined(rng), one(BOOK_WORDS.1, rng)),
+        Kind::Job => one(JOBS, rng),
         Kind::Book => format!("The {} {}", one(BOOK_WORDS.0, rng), one(BOOK_WORDS.1, rng)),
-        Kind::Food => modified(DISHES, rng),
+        Kind::Food => one(DISHES, rng),
         Kind::Instrument => one(INSTRUMENTS, rng),
-        Kind::Gift if novel => thing(rng),
         Kind::Gift => one(GIFTS, rng),
         Kind::Race => one(RACES, rng),
-        Kind::Music => modified(MUSIC, rng),
-        Kind::Colour => modified(COLOURS, rng),
-        Kind::Event if novel => format!("{} festival", coined(rng)),
+        Kind::Music => one(MUSIC, rng),
+        Kind::Colour => one(COLOURS, rng),
         Kind::Event => one(EVENTS, rng),
-        Kind::Code => match rng.random_range(0..3) {
-            0 => super::value_of("code", rng),
-            1 => super::value_of("pin", rng),
-            _ => format!("{}{}", super::value_of("word", rng), rng.random_range(10..100)),
-        },
     }
 }
 
@@ -528,9 +481,6 @@ pub(super) fn dialogue_example(p: &Patterns, rng: &mut StdRng) -> Example {
         rng.random_range(8..22),
         rng.random_range(0..60)
     );
-    // A third of the chats are a user's with an assistant (`user: …`), as memctl
-    // stores a conversation without speakers' names; the rest two named people's.
-    let assistant = rng.random_bool(0.3);
     let asked = p.exchanges.choose(rng).expect("exchanges");
     // Other exchanges of the chat, by either speaker, none asking the same question.
     let mut others: Vec<Said> = Vec::new();
@@ -540,33 +490,17 @@ pub(super) fn dialogue_example(p: &Patterns, rng: &mut StdRng) -> Example {
             others.push(say(p, e, rng.random_range(0..2), names, day, rng));
         }
     }
-    // The fact asked about: an exchange, or (always with an assistant) something the
-    // speaker says of themselves or of someone they name, asked as "my sister's" or
-    // "the user's" there and by the speaker's name between two people.
-    let target = match assistant || rng.random_bool(0.3) {
-        false => say(p, asked, 0, names, day, rng),
-        true => {
-            let (text, question, value) = super::evidence::own_fact(p, rng);
-            let question = match assistant {
-                true if rng.random_bool(0.5) => question.replace("the user's ", "my "),
-                true => question,
-                false => question
-                    .replace("the user's ", &format!("{}'s ", names[0]))
-                    .replace("the user", names[0]),
-            };
-            Said {
-                turns: vec![(0, text)],
-                question,
-                answer: value.clone(),
-                value,
-            }
-        }
-    };
-    // Most say it; the rest leave it out.
-    let told = rng.random_bool(0.8);
+    let target = say(p, asked, 0, names, day, rng);
+    // Most say it; of the rest, some have the other speaker say it of themselves, the
+    // others leave it out.
+    let roll = rng.random_range(0..20);
+    let (told, swapped) = (roll < 16, roll == 16);
     let mut said: Vec<Vec<(usize, String)>> = others.iter().map(|s| s.turns.clone()).collect();
     if told {
         said.insert(rng.random_range(0..=said.len()), target.turns.clone());
+    } else if swapped {
+        let theirs = say(p, asked, 1, names, day, rng);
+        said.insert(rng.random_range(0..=said.len()), theirs.turns);
     }
     // Small talk between exchanges now and then.
     let mut turns: Vec<(usize, String)> = Vec::new();
@@ -587,18 +521,15 @@ pub(super) fn dialogue_example(p: &Patterns, rng: &mut StdRng) -> Example {
         lines.push(words[words.len() / 2..].join(" "));
     }
     for (speaker, text) in turns {
-        lines.push(match (assistant, speaker) {
-            (false, _) => format!("[{stamp}] user ({}): {text}", names[speaker]),
-            (true, 0) => format!("[{stamp}] user: {text}"),
-            (true, _) => format!("[{stamp}] assistant: {text}"),
-        });
+        lines.push(format!("[{stamp}] user ({}): {text}", names[speaker]));
     }
     let passage = lines.join("\n");
-    // The answer as the passage writes it, case and all: a capital the passage does not
-    // have ("Cobalt79" for "cobalt79") makes other tokens, which a small model then
-    // spells instead of copying.
     let (answer, values) = if told {
-        (format!("{}.", target.answer), vec![target.value.clone()])
+        let mut a = target.answer.clone();
+        if let Some(first) = a.get(..1) {
+            a.replace_range(..1, &first.to_uppercase());
+        }
+        (format!("{a}."), vec![target.value.clone()])
     } else {
         (NOT_KNOWN.to_string(), Vec::new())
     };

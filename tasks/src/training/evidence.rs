@@ -127,19 +127,6 @@ fn value_key(remembered: &str) -> &str {
         .map_or("", |(key, _)| key)
 }
 
-/// A fact the speaker says of themselves or of someone they name (the general-mode chat
-/// patterns): what is said, the question about "the user", and the value that answers;
-/// not the user's own name: a chat shows the speaker's.
-pub(super) fn own_fact(p: &Patterns, rng: &mut StdRng) -> (String, String, String) {
-    let facts: Vec<_> = p.chat.iter().filter(|f| !f.0.contains("{name}")).collect();
-    let pattern = **facts.choose(rng).expect("chat");
-    let name = *p.people.choose(rng).expect("people");
-    let rel = *RELATIONS.choose(rng).expect("relations");
-    let values = Values::draw(p, name, rel, rng);
-    let fact = values.fact(pattern);
-    (fact.said, fact.question, values.get(value_key(pattern.1)))
-}
-
 fn chat_fact(
     p: &Patterns,
     pattern: (&str, &str, &str),
