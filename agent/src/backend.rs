@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::error::Result;
 use memagent_engine::Message;
 use memagent_engine::Tokenizer;
-use memagent_engine::{DecodeStats, GenerateOptions, LocalModel, StopReason};
+use memagent_engine::{DecodeStats, GenerateOptions, LocalModel, StopReason, Weights};
 
 /// One reply of a backend, with its cost.
 #[derive(Debug, Clone, Serialize)]
@@ -48,10 +48,10 @@ pub trait Backend {
 
     fn complete(&self, user_message: &str, options: &GenerateOptions) -> Result<Completion>;
 
-    /// Whether answers with `template` run with the model's adapter (memory steps always
-    /// do, when one is loaded). No adapter, no.
-    fn adapter_answers(&self, _template: super::Template) -> bool {
-        false
+    /// The weights answers with `template` run with (memory steps always run with the
+    /// model's adapter, when one is loaded). No adapter: the base model's.
+    fn answer_weights(&self, _template: super::Template) -> Weights {
+        Weights::Base
     }
 
     /// Replies to several independent messages: one after another unless the backend
@@ -109,9 +109,21 @@ impl Backend for LocalModel {
         ))
     }
 
-    fn adapter_answers(&self, template: super::Template) -> bool {
-        self.adapter_manifest()
+    /// Answers from passages run with the model's reader when one is loaded that learned
+    /// them; a template the adapter learned, with the adapter; others with the base model.
+    fn answer_weights(&self, template: super::Template) -> Weights {
+        if self.reader_manifest().is_some_and(|m| {
+            template.id == super::PASSAGE_ANSWER.id && super::trained_for(m, template)
+        }) {
+            Weights::Reader
+        } else if self
+            .adapter_manifest()
             .is_some_and(|m| super::trained_for(m, template))
+        {
+            Weights::Adapter
+        } else {
+            Weights::Base
+        }
     }
 
     fn complete(&self, user_message: &str, options: &GenerateOptions) -> Result<Completion> {

@@ -293,6 +293,17 @@ pub fn trained_for(manifest: &memagent_engine::AdapterManifest, template: Templa
     [FINAL_BOXED.id, GENERAL_ANSWER.id].contains(&template.id)
 }
 
+/// `template` filled with each of `items` (question, memory, chunk), each question checked.
+fn filled(template: Template, items: &[(&str, &str, &str)]) -> Result<Vec<String>> {
+    items
+        .iter()
+        .map(|(question, memory, chunk)| {
+            check_question(question)?;
+            Ok(template.fill(question, memory, chunk))
+        })
+        .collect()
+}
+
 /// The memory writer the model's adapter was trained to write with, when it says.
 pub fn adapter_writer(model: &memagent_engine::LocalModel) -> Option<Writer> {
     model.adapter_manifest()?.writer()?.parse().ok()
@@ -353,7 +364,7 @@ impl<'a> MemoryAgent<'a> {
         max_tokens: usize,
     ) -> Result<Completion> {
         let options = GenerateOptions {
-            adapter: false,
+            weights: memagent_engine::Weights::Base,
             ..self.options(max_tokens)
         };
         self.backend.chat(messages, &options)
@@ -692,12 +703,26 @@ impl<'a> MemoryAgent<'a> {
         template: Template,
         items: &[(&str, &str, &str)],
     ) -> Result<Vec<AnswerReport>> {
-        let mut messages = Vec::with_capacity(items.len());
-        for (question, memory, chunk) in items {
-            check_question(question)?;
-            messages.push(template.fill(question, memory, chunk));
-        }
-        self.answer_batch(template, &messages)
+        self.answer_batch(template, &filled(template, items)?)
+    }
+
+    /// [`Self::answer_filled`] with the base model's weights, whatever the template's
+    /// would be: a reader's misreading asked again.
+    pub fn answer_filled_by_base(
+        &self,
+        template: Template,
+        items: &[(&str, &str, &str)],
+    ) -> Result<Vec<AnswerReport>> {
+        self.answer_batch_with(
+            template,
+            &filled(template, items)?,
+            memagent_engine::Weights::Base,
+        )
+    }
+
+    /// Whether answers with `template` run with the model's reader.
+    pub fn reads_with_reader(&self, template: Template) -> bool {
+        self.backend.answer_weights(template) == memagent_engine::Weights::Reader
     }
 
     fn answer_with(&self, template: Template, message: &str) -> Result<AnswerReport> {
@@ -707,11 +732,21 @@ impl<'a> MemoryAgent<'a> {
     }
 
     /// Answers run with the model's adapter only for a template it learned (the
-    /// memory-only final answers it was trained on); others run the base model, which an
-    /// adapter trained to write memories would only make worse at them.
+    /// memory-only final answers it was trained on), and answers from passages with its
+    /// reader when one is loaded; others run the base model, which an adapter trained to
+    /// write memories would only make worse at them.
     fn answer_batch(&self, template: Template, messages: &[String]) -> Result<Vec<AnswerReport>> {
+        self.answer_batch_with(template, messages, self.backend.answer_weights(template))
+    }
+
+    fn answer_batch_with(
+        &self,
+        template: Template,
+        messages: &[String],
+        weights: memagent_engine::Weights,
+    ) -> Result<Vec<AnswerReport>> {
         let options = GenerateOptions {
-            adapter: self.backend.adapter_answers(template),
+            weights,
             ..self.options(self.profile.answer_tokens)
         };
         let replies = self.backend.complete_batch(messages, &options)?;

@@ -46,6 +46,14 @@ pub struct GlobalArgs {
     )]
     pub adapter: Option<String>,
 
+    /// Second LoRA adapter loaded beside the model, for answers read from passages (the
+    /// prompts `memctl query` asks each passage found): `memctl train --evidence-share 1
+    /// --dialogue-share 1`'s adapter.safetensors. `none` for the base model's answers.
+    /// Unset: the model's default reader, <model stem>.reader.safetensors beside the model
+    /// file, when it was trained on that exact file
+    #[arg(long, global = true, env = "MEMAGENT_READER", value_name = "PATH|none")]
+    pub reader: Option<String>,
+
     /// Sentence embedder for searching passages by meaning: a folder with
     /// model.safetensors, tokenizer.json and config.json (all-MiniLM-L6-v2), or `none` to
     /// search by words alone [default: `embedder` in the config file, then

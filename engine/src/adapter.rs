@@ -40,9 +40,43 @@ pub fn default_adapter_path(model: &Path) -> PathBuf {
     model.with_extension("adapter.safetensors")
 }
 
+/// Where a model's default reader lies: `<model stem>.reader.safetensors` beside it (with
+/// `<model stem>.reader.json`).
+pub fn default_reader_path(model: &Path) -> PathBuf {
+    model.with_extension("reader.safetensors")
+}
+
+/// Which of the weights loaded beside a model's file a call runs with. A model keeps up
+/// to two adapters beside one copy of its weights, each a LoRA update that a call adds
+/// or leaves out: the adapter (the memory writer's calls) and the reader (answers read
+/// from passages). A call asking for one the model was loaded without runs the base
+/// model.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Weights {
+    /// The model file's weights alone.
+    Base,
+    /// With the adapter ([`crate::LoadOptions::adapter`]).
+    #[default]
+    Adapter,
+    /// With the reader ([`crate::LoadOptions::reader`]).
+    Reader,
+}
+
+impl Weights {
+    /// The slot of the update this call adds: 0 the adapter, 1 the reader; `None`: none.
+    pub(crate) fn slot(self) -> Option<usize> {
+        match self {
+            Weights::Base => None,
+            Weights::Adapter => Some(0),
+            Weights::Reader => Some(1),
+        }
+    }
+}
+
 /// The adapter `choice` resolves to for `model` (whose sha256 is computed only when an
-/// adapter is found). A default adapter for another base model is skipped with a warning.
-pub fn resolve(model: &Path, choice: &AdapterChoice) -> Result<Option<Adapter>> {
+/// adapter is found), `default` the file its default lies in. A default adapter for
+/// another base model is skipped with a warning.
+pub fn resolve(model: &Path, choice: &AdapterChoice, default: &Path) -> Result<Option<Adapter>> {
     match choice {
         AdapterChoice::None => Ok(None),
         AdapterChoice::File(file) => {
@@ -51,7 +85,7 @@ pub fn resolve(model: &Path, choice: &AdapterChoice) -> Result<Option<Adapter>> 
             Ok(Some(adapter))
         }
         AdapterChoice::Default => {
-            let file = default_adapter_path(model);
+            let file = default.to_path_buf();
             if !file.is_file() {
                 return Ok(None);
             }

@@ -35,8 +35,8 @@ pub mod tuning;
 pub mod words;
 
 pub use adapter::{
-    default_adapter_path, export_merged, resolve as resolve_adapter, Adapter, AdapterChoice,
-    AdapterManifest, ExportReport,
+    default_adapter_path, default_reader_path, export_merged, resolve as resolve_adapter, Adapter,
+    AdapterChoice, AdapterManifest, ExportReport, Weights,
 };
 pub use candle_core::quantized::GgmlDType;
 pub use chat::{builtin_template, ChatTemplate, Message};

@@ -7,7 +7,7 @@ use std::time::Instant;
 use candle_core::Device;
 use serde::Serialize;
 
-use crate::adapter::AdapterChoice;
+use crate::adapter::{AdapterChoice, Weights};
 use crate::chat::{ChatTemplate, Message};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -26,8 +26,11 @@ pub struct LoadOptions {
     /// A tokenizer (`tokenizer.json`, or another GGUF file) to use instead of the file's own.
     pub tokenizer: Option<PathBuf>,
     /// A LoRA adapter (`memctl train`) loaded beside the weights: the calls that ask for
-    /// it ([`GenerateOptions::adapter`]) run with it, the others with the base model.
+    /// it ([`GenerateOptions::weights`]) run with it, the others with the base model.
     pub adapter: AdapterChoice,
+    /// A second LoRA adapter beside the weights, for the calls that ask for the reader
+    /// (answers read from passages); its default is `<model stem>.reader.safetensors`.
+    pub reader: AdapterChoice,
     /// How decoding's prefetch distance is chosen on this CPU ([`crate::tuning`]).
     pub prefetch: crate::tuning::Prefetch,
 }
@@ -42,6 +45,7 @@ impl Default for LoadOptions {
             },
             tokenizer: None,
             adapter: AdapterChoice::None,
+            reader: AdapterChoice::None,
             prefetch: crate::tuning::Prefetch::default(),
         }
     }
@@ -70,9 +74,10 @@ pub struct GenerateOptions {
     /// `max_new_tokens` unless a loop stop ends it, for benchmarks of a fixed generation
     /// length (llama.cpp's and vLLM's `ignore_eos`).
     pub ignore_eos: bool,
-    /// Run with the model's adapter, if one was loaded (the memory writer's calls);
-    /// `false` runs the base model's weights alone (answers).
-    pub adapter: bool,
+    /// The weights the call runs with: the model's adapter by default (the memory
+    /// writer's calls), its reader (answers read from passages), or the base model's
+    /// weights alone; one that was not loaded runs the base model.
+    pub weights: Weights,
 }
 
 impl Default for GenerateOptions {
@@ -85,7 +90,7 @@ impl Default for GenerateOptions {
             draft_tokens: DEFAULT_DRAFT_TOKENS,
             reuse_prefix: true,
             ignore_eos: false,
-            adapter: true,
+            weights: Weights::Adapter,
         }
     }
 }
@@ -251,6 +256,8 @@ pub struct LocalModel {
     transformer: Transformer,
     adapter: Option<PathBuf>,
     adapter_manifest: Option<crate::adapter::AdapterManifest>,
+    reader: Option<PathBuf>,
+    reader_manifest: Option<crate::adapter::AdapterManifest>,
     prefixes: Mutex<PrefixCache>,
     decode_tuning: crate::tuning::DecodeTuning,
 }
@@ -291,19 +298,30 @@ impl LocalModel {
             });
         let parameters = gguf.tensor_sizes().map(|(_, n)| n).sum();
         tracing::debug!(?config, "loading {}", path.display());
-        let adapter = crate::adapter::resolve(path, &options.adapter)?;
-        if let Some(adapter) = &adapter {
-            tracing::info!(
-                "loading adapter {} ({} projections)",
-                adapter.path.display(),
-                adapter.len()
-            );
+        let adapter = crate::adapter::resolve(
+            path,
+            &options.adapter,
+            &crate::adapter::default_adapter_path(path),
+        )?;
+        let reader = crate::adapter::resolve(
+            path,
+            &options.reader,
+            &crate::adapter::default_reader_path(path),
+        )?;
+        for (what, loaded) in [("adapter", &adapter), ("reader", &reader)] {
+            if let Some(a) = loaded {
+                tracing::info!(
+                    "loading {what} {} ({} projections)",
+                    a.path.display(),
+                    a.len()
+                );
+            }
         }
         let transformer = Transformer::load(
             &mut gguf,
             config,
             options.weights,
-            adapter.as_ref(),
+            [adapter.as_ref(), reader.as_ref()],
             &options.device,
         )?;
         let decode_tuning = crate::tuning::tune_decode(&transformer, path, &options.prefetch)?;
@@ -318,6 +336,8 @@ impl LocalModel {
             transformer,
             adapter_manifest: adapter.as_ref().map(|a| a.manifest.clone()),
             adapter: adapter.map(|a| a.path),
+            reader_manifest: reader.as_ref().map(|a| a.manifest.clone()),
+            reader: reader.map(|a| a.path),
             prefixes: Mutex::new(PrefixCache::default()),
         })
     }
@@ -339,6 +359,16 @@ impl LocalModel {
     /// trained on, as plain facts.
     pub fn adapter_manifest(&self) -> Option<&crate::adapter::AdapterManifest> {
         self.adapter_manifest.as_ref()
+    }
+
+    /// The reader loaded beside the weights, if any.
+    pub fn reader(&self) -> Option<&Path> {
+        self.reader.as_deref()
+    }
+
+    /// The manifest of the reader loaded beside the weights, if any.
+    pub fn reader_manifest(&self) -> Option<&crate::adapter::AdapterManifest> {
+        self.reader_manifest.as_ref()
     }
 
     /// Number of weights in the file.
@@ -541,7 +571,7 @@ impl LocalModel {
         if seq.stop.is_none() {
             let total = prompt.len() + options.max_new_tokens;
             let (logits, cache, reused) =
-                self.prefill(prompt, total, options.reuse_prefix, options.adapter)?;
+                self.prefill(prompt, total, options.reuse_prefix, options.weights)?;
             seq.decoding.cached_prompt = reused;
             seq.row = logits.squeeze(0)?.to_vec1()?;
             seq.cache = Some(cache);
@@ -715,17 +745,17 @@ impl LocalModel {
         prompt: &[u32],
         capacity: usize,
         reuse: bool,
-        adapter: bool,
+        weights: Weights,
     ) -> Result<(candle_core::Tensor, KvCache, usize)> {
         let reuse = reuse && self.exact_rows();
-        let adapted = adapter && self.transformer.has_adapter();
+        let weights = self.transformer.loaded(weights);
         let found = if reuse {
-            self.prefixes().start(prompt, capacity, adapted)?
+            self.prefixes().start(prompt, capacity, weights)?
         } else {
             None
         };
         let (mut cache, reused) =
-            found.unwrap_or_else(|| (self.transformer.new_cache_adapted(1, capacity, adapted), 0));
+            found.unwrap_or_else(|| (self.transformer.new_cache_with(1, capacity, weights), 0));
         let logits = self
             .transformer
             .forward(&[prompt[reused..].to_vec()], &mut cache)?;
@@ -749,7 +779,7 @@ impl LocalModel {
                 "the prompt has no tokens".to_string(),
             ));
         }
-        let (logits, _, reused) = self.prefill(prompt, prompt.len(), reuse, true)?;
+        let (logits, _, reused) = self.prefill(prompt, prompt.len(), reuse, Weights::Adapter)?;
         Ok((logits.squeeze(0)?.to_vec1()?, reused))
     }
 

@@ -8,6 +8,7 @@
 //! constant head. Entries are few and short, so the cache stays within
 //! [`MAX_ENTRIES`] × [`MAX_ENTRY_TOKENS`] positions.
 
+use crate::adapter::Weights;
 use crate::error::Result;
 use crate::models::{KvCache, Transformer};
 
@@ -44,13 +45,13 @@ fn shared(a: &[u32], b: &[u32]) -> usize {
 
 impl PrefixCache {
     /// The entry sharing the longest prefix with `prompt` (at least
-    /// [`MIN_SHARED_TOKENS`]) among those computed with the adapter or without it, as
-    /// `adapted` says, and how many tokens it shares.
-    fn best(&self, prompt: &[u32], adapted: bool) -> Option<(usize, usize)> {
+    /// [`MIN_SHARED_TOKENS`]) among those computed with the same `weights` (an adapter,
+    /// the reader, or neither), and how many tokens it shares.
+    fn best(&self, prompt: &[u32], weights: Weights) -> Option<(usize, usize)> {
         self.entries
             .iter()
             .enumerate()
-            .filter(|(_, e)| e.cache.adapted() == adapted)
+            .filter(|(_, e)| e.cache.weights() == weights)
             .map(|(i, e)| (i, shared(&e.ids, prompt)))
             .filter(|&(_, n)| n >= MIN_SHARED_TOKENS)
             .max_by_key(|&(i, n)| (n, i))
@@ -60,15 +61,14 @@ impl PrefixCache {
     /// as an entry has (never all of it: the last prompt token is left to compute, since
     /// its logits are needed; and never so much that the rest would take other kernels
     /// than a whole prefill, see [`Transformer::resume_point`]), and how many tokens
-    /// that is. Only entries computed with the adapter when `adapted`, without it
-    /// otherwise.
+    /// that is. Only entries computed with the same `weights`.
     pub(crate) fn start(
         &mut self,
         prompt: &[u32],
         capacity: usize,
-        adapted: bool,
+        weights: Weights,
     ) -> Result<Option<(KvCache, usize)>> {
-        let Some((i, n)) = self.best(prompt, adapted) else {
+        let Some((i, n)) = self.best(prompt, weights) else {
             return Ok(None);
         };
         let reuse = Transformer::resume_point(prompt.len(), n.min(prompt.len().saturating_sub(1)));
@@ -84,7 +84,7 @@ impl PrefixCache {
     /// Records the prompt whose keys and values `cache` now holds (at least its first
     /// `prompt.len()` positions, or what fits in an entry).
     pub(crate) fn remember(&mut self, prompt: &[u32], cache: &KvCache) -> Result<()> {
-        if let Some((i, n)) = self.best(prompt, cache.adapted()) {
+        if let Some((i, n)) = self.best(prompt, cache.weights()) {
             let mut entry = self.entries.remove(i);
             if n < entry.ids.len() {
                 // The entry's tail was one prompt's own text: keep the shared head.

@@ -6,8 +6,8 @@ use memagent_agent::{AnswerReport, MemoryAgent, PASSAGE_ANSWER};
 use memagent_engine::words::{sentences, stems};
 use memagent_recall::dates;
 use memagent_recall::passages::{
-    bearing_sentences, coverage, holds_any, names, rarest_words, relevant_notes, turn_speaker,
-    turn_time, written_coverage,
+    answer_context, bearing_sentences, coverage, holds_any, names, rarest_words, relevant_notes,
+    turn_speaker, turn_time, written_coverage,
 };
 use memagent_store::MemoryVersion;
 
@@ -93,10 +93,9 @@ pub fn answer_with_evidence(
             prompts.push((question, "", notes));
         }
     }
-    let mut replies = agent
-        .answer_filled(PASSAGE_ANSWER, &prompts)
-        .map_err(crate::Error::from)?
-        .into_iter();
+    let (replies, asked_again) = read(agent, &prompts)?;
+    let mut replies = replies.into_iter().zip(asked_again);
+    let mut calls_again = 0;
     let mut out = Vec::with_capacity(asked.len());
     for (question, a) in questions.iter().zip(asked) {
         if let Some(made) = a.made {
@@ -109,7 +108,8 @@ pub fn answer_with_evidence(
             continue;
         }
         let mut report = made_answer(String::new());
-        let mut said = |reply: AnswerReport| {
+        let mut said = |(reply, again): (AnswerReport, bool)| {
+            calls_again += usize::from(again);
             report.prompt_tokens += reply.prompt_tokens;
             report.completion_tokens += reply.completion_tokens;
             report.seconds = reply.seconds;
@@ -124,14 +124,16 @@ pub fn answer_with_evidence(
             .iter()
             .map(|(_, text)| {
                 let reply = replies.next().expect("one reply per passage");
-                tracing::debug!("{question:?} from {text:?}: {:?}", reply.answer);
+                tracing::debug!("{question:?} from {text:?}: {:?}", reply.0.answer);
                 said(reply)
             })
             .collect();
-        let calls = a.units.len() + usize::from(a.notes.is_some());
+        let asked = a.units.len() + usize::from(a.notes.is_some());
         let from_notes = a
             .notes
             .and_then(|_| said(replies.next().expect("one reply for the notes")));
+        // Every prompt answered, and those asked again of the base model.
+        let calls = asked + std::mem::take(&mut calls_again);
         let unit_said: Vec<Option<&str>> = units.iter().map(Option::as_deref).collect();
         let texts: Vec<&str> = a.units.iter().map(|(_, t)| t.as_str()).collect();
         let about = about_the_question(question, &texts, &unit_said);
@@ -144,8 +146,13 @@ pub fn answer_with_evidence(
             .collect();
         let said_at: Vec<Option<NaiveDateTime>> =
             a.units.iter().map(|(i, _)| passage_said_at[*i]).collect();
+        let beside: Vec<Beside> = texts
+            .iter()
+            .zip(&unit_said)
+            .map(|(text, s)| Beside::of(text, s.unwrap_or(""), question))
+            .collect();
         let (mut answer, mut cited) =
-            chosen_answer(question, &unit_said, &about, &said_at, from_notes);
+            chosen_answer(question, &unit_said, &about, &beside, &said_at, from_notes);
         let mut model_answer = None;
         // A question asking when is answered with the date of the turn that bears on it
         // most: its relative date resolved, else the turn's own day.
@@ -187,6 +194,103 @@ pub fn answer_with_evidence(
     Ok(out)
 }
 
+/// The model's answer to each of `prompts` (question, notes, passage). With a reader
+/// (an adapter trained on chats of named people), passages of such chats are read with
+/// it and the rest (a user's chat with an assistant, plain text, the memory's notes) with
+/// the base model, on which the generated checks were measured; a reader's answer with a
+/// word its passage does not hold misread it ("Coal" for "cobalt79"), and the base model
+/// is asked instead.
+/// Each reply comes with whether it was asked again.
+fn read(
+    agent: &MemoryAgent<'_>,
+    prompts: &[(&str, &str, &str)],
+) -> Result<(Vec<AnswerReport>, Vec<bool>)> {
+    if !agent.reads_with_reader(PASSAGE_ANSWER) {
+        let replies = agent
+            .answer_filled(PASSAGE_ANSWER, prompts)
+            .map_err(crate::Error::from)?;
+        return Ok((replies, vec![false; prompts.len()]));
+    }
+    let named = |text: &str| text.lines().any(|line| turn_speaker(line).is_some());
+    let (to_reader, to_base): (Vec<usize>, Vec<usize>) =
+        (0..prompts.len()).partition(|&i| named(prompts[i].2));
+    let pick =
+        |idx: &[usize]| -> Vec<(&str, &str, &str)> { idx.iter().map(|&i| prompts[i]).collect() };
+    let mut out: Vec<Option<AnswerReport>> = (0..prompts.len()).map(|_| None).collect();
+    let read = match to_reader.is_empty() {
+        true => Vec::new(),
+        false => agent
+            .answer_filled(PASSAGE_ANSWER, &pick(&to_reader))
+            .map_err(crate::Error::from)?,
+    };
+    let mut base_ones = to_base;
+    for (i, reply) in to_reader.into_iter().zip(read) {
+        let answer = first_line(&reply.answer);
+        if abstains(&answer) || copied(&answer, prompts[i].2) {
+            out[i] = Some(reply);
+        } else {
+            tracing::debug!("{:?} misread as {:?}", prompts[i].0, reply.answer);
+            base_ones.push(i);
+        }
+    }
+    let by_base = match base_ones.is_empty() {
+        true => Vec::new(),
+        false => agent
+            .answer_filled_by_base(PASSAGE_ANSWER, &pick(&base_ones))
+            .map_err(crate::Error::from)?,
+    };
+    let mut again = vec![false; prompts.len()];
+    for (i, reply) in base_ones.into_iter().zip(by_base) {
+        again[i] = out[i].is_none() && named(prompts[i].2);
+        out[i] = Some(reply);
+    }
+    let replies = out
+        .into_iter()
+        .map(|r| r.expect("one reply per prompt"))
+        .collect();
+    Ok((replies, again))
+}
+
+/// Whether every word of `answer` is one of `passage`'s, as written or nearly
+/// ([`same_word`]: a longer word's first six letters, or one letter's slip).
+fn copied(answer: &str, passage: &str) -> bool {
+    let words = |text: &str| -> Vec<String> {
+        text.split(|c: char| !c.is_alphanumeric())
+            .filter(|w| !w.is_empty())
+            .map(str::to_lowercase)
+            .collect()
+    };
+    let held = words(passage);
+    words(answer)
+        .iter()
+        .all(|w| held.iter().any(|h| same_word(w, h)))
+}
+
+/// What stands beside a passage's answer ([`answer_context`]): how many of the
+/// question's words, and whether every name the question asks about (none: false).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Beside {
+    words: usize,
+    named: bool,
+}
+
+impl Beside {
+    fn of(text: &str, answer: &str, question: &str) -> Self {
+        let Some(context) = answer_context(text, answer) else {
+            return Self::default();
+        };
+        let wanted = names(question);
+        let held = stems(&context);
+        Self {
+            words: coverage(&context, question),
+            named: !wanted.is_empty()
+                && wanted
+                    .iter()
+                    .all(|n| stems(n).iter().all(|k| held.contains(k))),
+        }
+    }
+}
+
 /// The answer to `question` from what each passage said (in the log's order, stream by
 /// stream; `None`: it did not say) and what the notes said, with the passages it cites:
 /// every distinct value when the question asks for all of them (between commas, in
@@ -200,6 +304,7 @@ fn chosen_answer(
     question: &str,
     said: &[Option<&str>],
     about: &[bool],
+    beside: &[Beside],
     said_at: &[Option<NaiveDateTime>],
     from_notes: Option<String>,
 ) -> (String, Vec<usize>) {
@@ -217,7 +322,23 @@ fn chosen_answer(
         }
         kept
     } else {
+        // Of single answers, those standing beside the most of the question's words or
+        // one fewer, and those beside every name it asks about: a change is often said
+        // in other words ("I moved to Krakow!" for where I live, "Ravi moved to Krakow"
+        // for where my sister Ravi lives).
         let answering: Vec<(usize, &str)> = answering.collect();
+        let most = answering
+            .iter()
+            .map(|&(i, _)| beside[i].words)
+            .max()
+            .unwrap_or(0);
+        let answering: Vec<(usize, &str)> = answering
+            .into_iter()
+            .filter(|&(i, _)| {
+                let b = beside[i];
+                b.words + 1 >= most || (b.named && b.words > 0)
+            })
+            .collect();
         let at = |i: usize| said_at.get(i).copied().flatten();
         let newest = answering.last().copied();
         // Another passage replaces the last in the log only by showing a later time: a
@@ -667,7 +788,14 @@ mod tests {
             None,
         ];
         let notes = Some("Ravi lives in Oslo.".to_string());
-        let (answer, cited) = chosen_answer(q, &said, &[true; 4], &[None; 4], notes);
+        let (answer, cited) = chosen_answer(
+            q,
+            &said,
+            &[true; 4],
+            &[Beside::default(); 4],
+            &[None; 4],
+            notes,
+        );
         assert_eq!(answer, "Ravi moved to Krakow last month.");
         assert_eq!(cited, [2]);
     }
@@ -687,16 +815,93 @@ mod tests {
             at[1].map(|t| t.date()),
             chrono::NaiveDate::from_ymd_opt(2023, 3, 1)
         );
-        let (answer, cited) = chosen_answer(q, &said, &[true; 2], &at, None);
+        let (answer, cited) =
+            chosen_answer(q, &said, &[true; 2], &[Beside::default(); 2], &at, None);
         assert_eq!((answer.as_str(), cited), ("Krakow", vec![0]));
         // Without times, the last in the log.
-        let (answer, _) = chosen_answer(q, &said, &[true; 2], &[None; 2], None);
+        let (answer, _) = chosen_answer(
+            q,
+            &said,
+            &[true; 2],
+            &[Beside::default(); 2],
+            &[None; 2],
+            None,
+        );
         assert_eq!(answer, "Graz");
         // The last without a time keeps its place against an older one with one (a
         // chat log stamping only the first turn of a session).
-        let (answer, _) = chosen_answer(q, &said, &[true; 2], &[at[0], None], None);
+        let (answer, _) = chosen_answer(
+            q,
+            &said,
+            &[true; 2],
+            &[Beside::default(); 2],
+            &[at[0], None],
+            None,
+        );
         assert_eq!(answer, "Graz");
         assert_eq!(said_at("Ravi lives in Graz.", q), None);
+    }
+
+    fn beside_all(texts: &[&str], said: &[Option<&str>], q: &str) -> Vec<Beside> {
+        texts
+            .iter()
+            .zip(said)
+            .map(|(t, s)| Beside::of(t, s.unwrap(), q))
+            .collect()
+    }
+
+    #[test]
+    fn a_single_answer_comes_from_a_passage_whose_turn_bears_on_the_question() {
+        let q = "Which city is Ravi's aunt from?";
+        // The small model answers from every passage it is shown: the newer passage's
+        // answer comes from a turn about a trip.
+        let texts = [
+            "[2023-05-08 13:56] user (Ana): Which city is your aunt from?\n\
+             [2023-05-08 13:57] user (Ravi): Porto! She moved here at twenty.",
+            "[2023-07-02 10:00] user (Ana): How was your summer?\n\
+             [2023-07-02 10:01] user (Ravi): Thanks! We went to Rome last summer.",
+        ];
+        let said = [Some("Porto."), Some("Rome.")];
+        let beside = beside_all(&texts, &said, q);
+        let at: Vec<Option<NaiveDateTime>> = texts.iter().map(|t| said_at(t, q)).collect();
+        let (answer, cited) = chosen_answer(q, &said, &[true; 2], &beside, &at, None);
+        assert_eq!((answer.as_str(), cited), ("Porto.", vec![0]));
+        // A change said in other words still replaces what was said before.
+        let q = "Where does Ravi live?";
+        let texts = [
+            "[2023-03-01 09:00] user (Ravi): I live in Graz, near the river.",
+            "[2023-08-02 18:30] user (Ravi): Big news, I moved to Krakow!",
+        ];
+        let said = [Some("Graz."), Some("Krakow.")];
+        let beside = beside_all(&texts, &said, q);
+        let at: Vec<Option<NaiveDateTime>> = texts.iter().map(|t| said_at(t, q)).collect();
+        let (answer, _) = chosen_answer(q, &said, &[true; 2], &beside, &at, None);
+        assert_eq!(answer, "Krakow.");
+        // So is one naming whom the question asks about, with fewer of its other words.
+        let q = "Where does my sister Ravi live?";
+        let texts = [
+            "[2023-03-01 09:00] user (Ana): My sister Ravi lives in Graz.",
+            "[2023-08-02 18:30] user (Ana): Ravi moved to Krakow last month.",
+        ];
+        let beside = beside_all(&texts, &said, q);
+        assert_eq!(beside[0].words, beside[1].words + 2);
+        let (answer, _) = chosen_answer(q, &said, &[true; 2], &beside, &at, None);
+        assert_eq!(answer, "Krakow.");
+    }
+
+    #[test]
+    fn a_reader_s_answer_is_its_passage_s_words_or_a_misreading() {
+        let passage = "[2026-01-05 10:00] user: The wifi password at the cabin is cobalt79.";
+        assert!(copied("cobalt79.", passage));
+        assert!(copied("Cobalt79", passage));
+        // A word the passage does not hold, or holds only in part.
+        assert!(!copied("Coal79.", passage));
+        assert!(!copied("Coal.", passage));
+        // One letter's slip, or a longer word's first six letters, still count.
+        let passage = "[2023-05-08 13:57] user (Ravi): My neighbour works as a librarian.";
+        assert!(copied("a librarien", passage));
+        assert!(copied("Librarians.", passage));
+        assert!(!copied("a dentist", passage));
     }
 
     #[test]
@@ -726,7 +931,14 @@ mod tests {
         ];
         let said = [Some("It is 4522457."), Some("It is 8922960."), None];
         assert_eq!(about_the_question(q, &texts, &said), [true, false, false]);
-        let (answer, cited) = chosen_answer(q, &said, &[true, false, false], &[None; 3], None);
+        let (answer, cited) = chosen_answer(
+            q,
+            &said,
+            &[true, false, false],
+            &[Beside::default(); 3],
+            &[None; 3],
+            None,
+        );
         assert_eq!((answer.as_str(), cited), ("It is 4522457.", vec![0]));
     }
 
@@ -739,7 +951,14 @@ mod tests {
             None,
             Some("the number is 41."),
         ];
-        let (answer, cited) = chosen_answer(q, &said, &[true; 4], &[None; 4], None);
+        let (answer, cited) = chosen_answer(
+            q,
+            &said,
+            &[true; 4],
+            &[Beside::default(); 4],
+            &[None; 4],
+            None,
+        );
         assert_eq!(answer, "The number is 41, The number is 7");
         assert_eq!(cited, [0, 1]);
     }
@@ -751,11 +970,13 @@ mod tests {
             q,
             &[None, None],
             &[true; 2],
+            &[Beside::default(); 2],
             &[None; 2],
             Some("On May 2.".into()),
         );
         assert_eq!((answer.as_str(), cited.len()), ("On May 2.", 0));
-        let (answer, cited) = chosen_answer(q, &[None], &[true], &[None], None);
+        let (answer, cited) =
+            chosen_answer(q, &[None], &[true], &[Beside::default()], &[None], None);
         assert!(abstains(&answer), "{answer}");
         assert!(cited.is_empty());
     }

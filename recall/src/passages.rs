@@ -334,6 +334,34 @@ pub fn bearing_sentences<'a>(passage: &'a str, question: &str) -> Vec<&'a str> {
     }
 }
 
+/// The words `answer` stands among in `text`: the turn of a chat passage (a sentence of
+/// other text) holding the most of the answer's words, with the turn (sentence) before
+/// it, speakers' labels aside; `None` when no unit holds a word of the answer. A small
+/// model answers from any passage it is shown, so each passage gives an answer; what
+/// stands beside it tells whether it answers the question ("aunt" beside "Porto")
+/// or came from a turn about something else.
+pub fn answer_context(text: &str, answer: &str) -> Option<String> {
+    let units: Vec<&str> = match text.lines().any(is_turn) {
+        true => text
+            .lines()
+            .map(|line| turn_speaker(line).map_or(line, |(_, words)| words))
+            .collect(),
+        false => sentences(text),
+    };
+    let wanted = keys(answer);
+    let (i, most) = units
+        .iter()
+        .enumerate()
+        .map(|(i, u)| (i, held(&keys(u), wanted.clone())))
+        .rev()
+        .max_by_key(|&(_, n)| n)?;
+    if most == 0 {
+        return None;
+    }
+    let before = if i > 0 { units[i - 1] } else { "" };
+    Some(format!("{before} {}", units[i]).trim().to_string())
+}
+
 /// How many of the words `question` asks about (stop words aside, by the first six
 /// letters of their stems) `text` holds.
 pub fn coverage(text: &str, question: &str) -> usize {
@@ -409,6 +437,35 @@ pub fn relevant_notes(memory: &str, question: &str, keep: usize) -> Option<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_stands_among_the_words_of_its_turn_and_the_one_before() {
+        let chat = "[2023-05-08 13:56] user (Ana): Which city is your aunt from?\n\
+                    [2023-05-08 13:57] user (Ravi): Porto! She moved here at twenty.\n\
+                    [2023-05-08 13:58] user (Ana): We went to Rome last summer.";
+        let q = "Which city is Ravi's aunt from?";
+        let beside = |answer: &str| answer_context(chat, answer).map(|c| coverage(&c, q));
+        // "city" and "aunt" in the question before the reply that names Porto.
+        assert_eq!(
+            answer_context(chat, "Porto.").as_deref(),
+            Some("Which city is your aunt from? Porto! She moved here at twenty.")
+        );
+        assert_eq!(beside("Porto."), Some(2));
+        // Rome's turn and the reply before it share none of the question's words.
+        assert_eq!(beside("Rome."), Some(0));
+        // An answer the passage does not hold stands nowhere.
+        assert_eq!(answer_context(chat, "Norway."), None);
+        // Plain text by its sentences.
+        let text = "The aunt was born in Uppsala. The lake is deep. The town is old.";
+        assert_eq!(
+            answer_context(text, "Uppsala").as_deref(),
+            Some("The aunt was born in Uppsala.")
+        );
+        assert_eq!(
+            answer_context(text, "an old town").as_deref(),
+            Some("The lake is deep. The town is old.")
+        );
+    }
 
     #[test]
     fn names_are_the_capitalised_words_inside_a_sentence() {

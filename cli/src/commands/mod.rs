@@ -64,7 +64,16 @@ pub fn run(global: &Settings, command: Command) -> Result<()> {
 /// The adapter `--adapter` names: a file; `none` for the base model alone; unset for
 /// the model's default adapter (when it matches the model file).
 pub fn adapter_choice(global: &Settings) -> AdapterChoice {
-    match global.adapter.as_deref() {
+    choice(global.adapter.as_deref())
+}
+
+/// The reader `--reader` names, as [`adapter_choice`].
+pub fn reader_choice(global: &Settings) -> AdapterChoice {
+    choice(global.reader.as_deref())
+}
+
+fn choice(named: Option<&str>) -> AdapterChoice {
+    match named {
         None => AdapterChoice::Default,
         Some("none") | Some("") => AdapterChoice::None,
         Some(path) => AdapterChoice::File(std::path::PathBuf::from(path)),
@@ -128,6 +137,7 @@ pub(crate) fn load_model(global: &Settings) -> Result<LocalModel> {
         },
         tokenizer: global.tokenizer.clone(),
         adapter: adapter_choice(global),
+        reader: reader_choice(global),
         prefetch: prefetch_choice()?,
     };
     tracing::info!("loading model {}", path.display());

@@ -2,7 +2,8 @@ use std::io::Write;
 
 use anyhow::{bail, Result};
 use memagent_engine::{
-    default_adapter_path, export_merged, sha256_file, AdapterChoice, GgmlDType, ModelInfo,
+    default_adapter_path, default_reader_path, export_merged, sha256_file, AdapterChoice,
+    GgmlDType, ModelInfo,
 };
 
 use crate::cli::{ExportType, ModelExportArgs};
@@ -10,11 +11,38 @@ use crate::settings::Settings;
 
 /// The adapter file `choice` names for `model`, before any check of its base model.
 fn adapter_file(model: &std::path::Path, choice: &AdapterChoice) -> Option<std::path::PathBuf> {
+    chosen_file(choice, default_adapter_path(model))
+}
+
+/// The file `choice` names, `default` when it names the default and that file exists.
+fn chosen_file(choice: &AdapterChoice, default: std::path::PathBuf) -> Option<std::path::PathBuf> {
     match choice {
         AdapterChoice::File(file) => Some(file.clone()),
-        AdapterChoice::Default => Some(default_adapter_path(model)).filter(|f| f.is_file()),
+        AdapterChoice::Default => Some(default).filter(|f| f.is_file()),
         AdapterChoice::None => None,
     }
+}
+
+/// What `model info` says of the reader: its file, whether it matches the model and
+/// whether it learned answers from passages (else passage answers do not use it).
+fn reader_info(
+    model: &std::path::Path,
+    choice: &AdapterChoice,
+    sha256: &str,
+) -> Result<Option<serde_json::Value>> {
+    let Some(file) = chosen_file(choice, default_reader_path(model)) else {
+        return Ok(None);
+    };
+    let reader = memagent_engine::Adapter::load(&file)?;
+    let matches = reader.manifest.base_sha256 == sha256;
+    let reads = memagent_agent::trained_for(&reader.manifest, memagent_agent::PASSAGE_ANSWER);
+    Ok(Some(serde_json::json!({
+        "path": file, "projections": reader.len(), "rank": reader.manifest.rank,
+        "base_sha256": reader.manifest.base_sha256, "base_matches": matches,
+        "default": *choice == AdapterChoice::Default,
+        "applied": matches && reads,
+        "answers": if reads { vec![memagent_agent::PASSAGE_ANSWER.id] } else { Vec::new() },
+    })))
 }
 
 /// The templates of answers, which run with an adapter only when it learned them.
@@ -101,6 +129,7 @@ pub fn info(global: &Settings, json: bool) -> Result<()> {
         }
         None => None,
     };
+    let reader = reader_info(&path, &super::reader_choice(global), &sha256)?;
     let (prefill, integer_types) = prefill_path(&info)?;
     // How decoding is set for this CPU: from the cache after the first load here.
     let decoding = match info.unsupported.is_empty() {
@@ -116,6 +145,7 @@ pub fn info(global: &Settings, json: bool) -> Result<()> {
         value["prefill"] = prefill.into();
         value["prefill_integer_types"] = integer_types.into();
         value["adapter"] = adapter.unwrap_or(serde_json::Value::Null);
+        value["reader"] = reader.unwrap_or(serde_json::Value::Null);
         value["decode_tuning"] = match &decoding {
             Ok(tuning) => serde_json::to_value(tuning)?,
             Err(e) => serde_json::json!({ "error": e }),
@@ -188,6 +218,29 @@ pub fn info(global: &Settings, json: bool) -> Result<()> {
                 ids => format!(", answers with {}", ids.join(", ")),
             }
         )?;
+    }
+    match &reader {
+        Some(r) => writeln!(
+            out,
+            "reader:         {}{} ({} projections, rank {}, base {}): {}",
+            if r["default"] == true { "default " } else { "" },
+            r["path"].as_str().unwrap_or("-"),
+            r["projections"],
+            r["rank"],
+            match (r["base_matches"] == true, r["default"] == true) {
+                (true, _) => "matches",
+                (false, true) => "does not match: not applied",
+                (false, false) => "DOES NOT MATCH: loading is refused",
+            },
+            match r["applied"] == true {
+                true => "answers from passages run with it",
+                false => "not used",
+            }
+        )?,
+        None => writeln!(
+            out,
+            "reader:         none (answers from passages run as above)"
+        )?,
     }
     match &info.chat_template {
         Some(t) => writeln!(out, "chat template:\n{t}")?,

@@ -164,6 +164,21 @@ fn model_info_describes_the_default_model() {
         text.contains("adapter runs:   memory steps, answers with memagent-final-boxed"),
         "{text}"
     );
+    // Its reader, installed beside it too, answers from passages.
+    assert_eq!(v["reader"]["default"], true, "{v:#}");
+    assert_eq!(v["reader"]["applied"], true, "{v:#}");
+    assert_eq!(
+        v["reader"]["answers"],
+        serde_json::json!(["memagent-passage-answer"]),
+        "{v:#}"
+    );
+    assert!(
+        text.contains("base matches): answers from passages run with it"),
+        "{text}"
+    );
+    // Without it, the text says what answers from passages run with.
+    let text = stdout(&with_model(&["--reader", "none", "model", "info"]));
+    assert!(text.contains("reader:         none"), "{text}");
 }
 
 /// How decoding is set for this CPU: measured the first time (a fresh cache), read back

@@ -232,11 +232,12 @@ pub(crate) struct Linear {
     /// one type and v in a finer one; stacking them as one type would re-quantize v.)
     parts: Vec<Part>,
     bias: Option<Tensor>,
-    /// An adapter's update, added when a call asks for it (on the CPU).
-    low_rank: Option<LowRank>,
-    /// On a GPU, the adapted weights W + B A in f32, multiplied in place of the others
-    /// when a call asks for the adapter ([`Linear::dense_pair`]).
-    merged: Option<QMatMul>,
+    /// Each adapter's update by slot (the adapter, the reader), added when a call asks
+    /// for it (on the CPU).
+    low_rank: [Option<LowRank>; 2],
+    /// On a GPU, each adapter's weights W + B A in f32 by slot, multiplied in place of the
+    /// others when a call asks for that adapter ([`Linear::dense_pair`]).
+    merged: [Option<QMatMul>; 2],
 }
 
 /// Matrices of one type computed as one product.
@@ -285,14 +286,14 @@ impl Part {
 }
 
 impl Linear {
-    /// The layer with an adapter's update beside its weights.
-    pub(crate) fn with_low_rank(mut self, low_rank: Option<LowRank>) -> Self {
+    /// The layer with its adapters' updates (by slot) beside its weights.
+    pub(crate) fn with_low_rank(mut self, low_rank: [Option<LowRank>; 2]) -> Self {
         self.low_rank = low_rank;
         self
     }
 
-    /// A layer of a model with an adapter on a GPU: the base weights `w` and the adapted
-    /// ones `merged` (W + B A), both f32 made on the CPU, multiplied by the device's dense
+    /// A layer of a model with adapters on a GPU: the base weights `w` and the adapted
+    /// ones `merged` (W + B A, by slot), f32 made on the CPU, multiplied by the device's dense
     /// product. On an H200 the shipped adapter's model gave the CPU's replies token for
     /// token this way, and replied with empty turns whenever a block's quantized weights
     /// were used after the load had freed memory on the device (a merge or a low-rank
@@ -300,10 +301,17 @@ impl Linear {
     /// and freed memory is not zeroed.
     pub(crate) fn dense_pair(
         w: Tensor,
-        merged: Tensor,
+        merged: [Option<Tensor>; 2],
         bias: Option<Tensor>,
         device: &Device,
     ) -> Result<Self> {
+        let [adapter, reader] = merged;
+        let on_device = |m: Option<Tensor>| -> Result<Option<QMatMul>> {
+            Ok(match m {
+                Some(m) => Some(QMatMul::Tensor(m.to_device(device)?)),
+                None => None,
+            })
+        };
         Ok(Self {
             parts: vec![Part {
                 quantized: Quantized::Candle(RowExact::whole(QMatMul::Tensor(
@@ -312,8 +320,8 @@ impl Linear {
                 prefill: None,
             }],
             bias,
-            low_rank: None,
-            merged: Some(QMatMul::Tensor(merged.to_device(device)?)),
+            low_rank: [None, None],
+            merged: [on_device(adapter)?, on_device(reader)?],
         })
     }
 
@@ -345,15 +353,15 @@ impl Linear {
         Ok(Self {
             parts,
             bias,
-            low_rank: None,
-            merged: None,
+            low_rank: [None, None],
+            merged: [None, None],
         })
     }
 
-    /// `x`: (..., k) -> (..., n), with the adapter's update when `adapted` and the layer
-    /// has one.
-    pub(crate) fn forward(&self, x: &Tensor, adapted: bool) -> Result<Tensor> {
-        if let (Some(merged), true) = (&self.merged, adapted) {
+    /// `x`: (..., k) -> (..., n), with the update of the adapter in slot `adapted` when
+    /// the layer has one.
+    pub(crate) fn forward(&self, x: &Tensor, adapted: Option<usize>) -> Result<Tensor> {
+        if let Some(merged) = adapted.and_then(|slot| self.merged[slot].as_ref()) {
             let y = merged.forward(x)?;
             return Ok(match &self.bias {
                 Some(b) => y.broadcast_add(b)?,
@@ -370,9 +378,9 @@ impl Linear {
                 Tensor::cat(&ys, candle_core::D::Minus1)?
             }
         };
-        let y = match (&self.low_rank, adapted) {
-            (Some(low_rank), true) => (y + low_rank.forward(x)?)?,
-            _ => y,
+        let y = match adapted.and_then(|slot| self.low_rank[slot].as_ref()) {
+            Some(low_rank) => (y + low_rank.forward(x)?)?,
+            None => y,
         };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
@@ -664,11 +672,11 @@ mod tests {
             )
             .unwrap();
             assert_eq!(fused.parts.len(), 2, "q and k stacked, v apart");
-            let got = fused.forward(&x, false).unwrap();
+            let got = fused.forward(&x, None).unwrap();
             let mut at = 0;
             for &(n, seed, t) in &parts {
                 let alone = Linear::fused(vec![(make(n, seed, t), None)], plan, &device).unwrap();
-                let want = bits(alone.forward(&x, false).unwrap()).unwrap();
+                let want = bits(alone.forward(&x, None).unwrap()).unwrap();
                 let part = bits(got.narrow(1, at, n).unwrap().contiguous().unwrap()).unwrap();
                 assert_eq!(
                     part, want,
@@ -707,9 +715,9 @@ mod tests {
                 };
                 let whole = tiles.weight.dequantize(&device).unwrap();
                 let expected = bits(super::super::dense::matmul_t(&x, &whole).unwrap()).unwrap();
-                let got = bits(tiled.forward(&x, false).unwrap()).unwrap();
+                let got = bits(tiled.forward(&x, None).unwrap()).unwrap();
                 assert_eq!(got, expected, "{dtype:?} ({n}, {k})");
-                let copied = bits(layer(PrefillWeights::Copy).forward(&x, false).unwrap()).unwrap();
+                let copied = bits(layer(PrefillWeights::Copy).forward(&x, None).unwrap()).unwrap();
                 assert_eq!(got, copied, "{dtype:?} ({n}, {k}): tiles against the copy");
             }
         }

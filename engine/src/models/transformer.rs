@@ -8,6 +8,7 @@ use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Tensor};
 
 use super::{Activation, Config};
+use crate::adapter::Weights;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::kernels::attention::causal_attention;
@@ -46,8 +47,8 @@ pub struct Transformer {
     /// The sliding-window layers' rotary angles, when they have their own base.
     local_rope: Option<Rope>,
     device: Device,
-    /// Whether an adapter's updates sit beside the weights.
-    adapted: bool,
+    /// Which adapters' updates sit beside the weights, by slot (the adapter, the reader).
+    adapters: [bool; 2],
 }
 
 /// Keys and values of every layer for a batch of sequences of equal length.
@@ -56,9 +57,9 @@ pub struct KvCache {
     batch: usize,
     len: usize,
     capacity: usize,
-    /// Whether the model's adapter runs for these sequences (their keys and values were
-    /// computed with it, so every later token must be too).
-    adapted: bool,
+    /// The weights these sequences run with (their keys and values were computed with
+    /// them, so every later token must be too).
+    weights: Weights,
 }
 
 impl KvCache {
@@ -75,9 +76,9 @@ impl KvCache {
         self.batch
     }
 
-    /// Whether the model's adapter runs for these sequences.
-    pub fn adapted(&self) -> bool {
-        self.adapted
+    /// The weights these sequences run with.
+    pub fn weights(&self) -> Weights {
+        self.weights
     }
 
     /// Forgets every position from `len` on (rejected draft tokens); the buffers stay.
@@ -109,7 +110,7 @@ impl KvCache {
             batch: self.batch,
             len,
             capacity,
-            adapted: self.adapted,
+            weights: self.weights,
         })
     }
 
@@ -146,7 +147,7 @@ impl Transformer {
         gguf: &mut GgufFile,
         config: Config,
         plan: WeightPlan,
-        adapter: Option<&crate::adapter::Adapter>,
+        adapters: [Option<&crate::adapter::Adapter>; 2],
         device: &Device,
     ) -> Result<Self> {
         let embed = Arc::new(gguf.tensor("token_embd.weight", device)?);
@@ -167,7 +168,7 @@ impl Transformer {
             .dequantize(device)?;
         let loading = Loading {
             plan,
-            adapter,
+            adapters,
             device,
         };
         let blocks = (0..config.n_layer)
@@ -186,7 +187,7 @@ impl Transformer {
             rope,
             local_rope,
             device: device.clone(),
-            adapted: adapter.is_some(),
+            adapters: adapters.map(|a| a.is_some()),
         })
     }
 
@@ -200,24 +201,32 @@ impl Transformer {
 
     /// An empty cache for `batch` sequences, with room reserved for `capacity` tokens each.
     pub fn new_cache(&self, batch: usize, capacity: usize) -> KvCache {
-        self.new_cache_adapted(batch, capacity, true)
+        self.new_cache_with(batch, capacity, Weights::Adapter)
     }
 
-    /// An empty cache for sequences that run with the model's adapter (if it has one)
-    /// when `adapted`, or with the base model's weights alone.
-    pub fn new_cache_adapted(&self, batch: usize, capacity: usize, adapted: bool) -> KvCache {
+    /// An empty cache for sequences that run with `weights` (the base model's alone when
+    /// that adapter was not loaded).
+    pub fn new_cache_with(&self, batch: usize, capacity: usize, weights: Weights) -> KvCache {
         KvCache {
             layers: (0..self.config.n_layer).map(|_| None).collect(),
             batch,
             len: 0,
             capacity: capacity.min(self.config.context_length),
-            adapted: adapted && self.adapted,
+            weights: self.loaded(weights),
         }
     }
 
     /// Whether an adapter was loaded beside the weights.
     pub fn has_adapter(&self) -> bool {
-        self.adapted
+        self.adapters[0]
+    }
+
+    /// `weights` when they were loaded, else the base model's.
+    pub fn loaded(&self, weights: Weights) -> Weights {
+        match weights.slot() {
+            Some(slot) if !self.adapters[slot] => Weights::Base,
+            _ => weights,
+        }
     }
 
     /// Runs `ids` (b, t) after what `cache` holds and returns the logits of the last
@@ -295,13 +304,16 @@ impl Transformer {
     /// [`Transformer::MAX_VERIFY`] rows in all take the kernels of one-token decoding, so
     /// each sequence gets exactly the logits it would get alone.
     pub fn forward_many(&self, inputs: &mut [(&[u32], &mut KvCache)]) -> Result<Vec<Tensor>> {
-        let adapted = inputs.first().is_some_and(|(_, cache)| cache.adapted);
-        if inputs.iter().any(|(_, cache)| cache.adapted != adapted) {
+        let weights = inputs.first().map(|(_, cache)| cache.weights);
+        if inputs
+            .iter()
+            .any(|(_, cache)| Some(cache.weights) != weights)
+        {
             return Err(Error::InvalidRequest(
-                "forward_many takes sequences that all run with the adapter or all without"
-                    .to_string(),
+                "forward_many takes sequences that all run with the same weights".to_string(),
             ));
         }
+        let adapted = weights.and_then(Weights::slot);
         let mut total = 0;
         for (ids, cache) in inputs.iter() {
             let (b, t) = self.check_input(&[ids.to_vec()], cache)?;
@@ -431,10 +443,10 @@ impl Transformer {
         let (x, a, ff) = (input(cfg.n_embd)?, input(attn)?, input(cfg.n_ff)?);
         let start = std::time::Instant::now();
         for block in &self.blocks {
-            block.wqkv.forward(&x, true)?;
-            block.wo.forward(&a, true)?;
-            block.w_gate_up.forward(&x, true)?;
-            block.w_down.forward(&ff, true)?;
+            block.wqkv.forward(&x, Some(0))?;
+            block.wo.forward(&a, Some(0))?;
+            block.w_gate_up.forward(&x, Some(0))?;
+            block.w_down.forward(&ff, Some(0))?;
         }
         let seconds = start.elapsed().as_secs_f64();
         let macs = cfg.n_embd * (qkv + 2 * cfg.n_ff) + (attn + cfg.n_ff) * cfg.n_embd;
@@ -451,10 +463,10 @@ impl Transformer {
         let (x, a, ff) = (input(cfg.n_embd)?, input(attn)?, input(cfg.n_ff)?);
         let start = std::time::Instant::now();
         for block in &self.blocks[blocks] {
-            block.wqkv.forward(&x, false)?;
-            block.wo.forward(&a, false)?;
-            block.w_gate_up.forward(&x, false)?;
-            block.w_down.forward(&ff, false)?;
+            block.wqkv.forward(&x, None)?;
+            block.wo.forward(&a, None)?;
+            block.w_gate_up.forward(&x, None)?;
+            block.w_down.forward(&ff, None)?;
         }
         Ok(start.elapsed().as_secs_f64())
     }
@@ -519,7 +531,7 @@ impl Transformer {
         let mut x = self.embed_tokens(ids)?;
         for (i, block) in self.blocks.iter().enumerate() {
             let h = crate::kernels::rowwise::rms_norm(&x, &block.attn_norm, cfg.rms_eps)?;
-            let adapted = cache.adapted;
+            let adapted = cache.weights.slot();
             let qkv = block.wqkv.forward(&h, adapted)?;
             let y = self.attention(i, &qkv, cache, offset, &angles)?;
             x = self.rest_of_block(block, x, &y, adapted)?;
@@ -563,7 +575,13 @@ impl Transformer {
     /// A block after its attention `y`: the output projection and the feed-forward, each
     /// added to the residual stream `x` (after its own norm where the architecture has
     /// post-norms).
-    fn rest_of_block(&self, block: &Block, x: Tensor, y: &Tensor, adapted: bool) -> Result<Tensor> {
+    fn rest_of_block(
+        &self,
+        block: &Block,
+        x: Tensor,
+        y: &Tensor,
+        adapted: Option<usize>,
+    ) -> Result<Tensor> {
         let cfg = &self.config;
         let post = |t: Tensor, which: fn(&(Tensor, Tensor)) -> &Tensor| -> Result<Tensor> {
             match &block.post_norms {
@@ -682,11 +700,11 @@ impl Rope {
     }
 }
 
-/// How a block's projections are loaded: the weight plan, the adapter kept beside them,
-/// the device.
+/// How a block's projections are loaded: the weight plan, the adapters kept beside them
+/// (by slot), the device.
 struct Loading<'a> {
     plan: WeightPlan,
-    adapter: Option<&'a crate::adapter::Adapter>,
+    adapters: [Option<&'a crate::adapter::Adapter>; 2],
     device: &'a Device,
 }
 
@@ -832,36 +850,43 @@ fn adapted_linear(
     names: &[&str],
 ) -> Result<Linear> {
     let (plan, device) = (loading.plan, loading.device);
-    let Some(adapter) = loading.adapter else {
+    if loading.adapters.iter().all(Option::is_none) {
         return Linear::fused(parts, plan, device);
-    };
+    }
     if device.is_cpu() {
         let rows: Vec<usize> = parts.iter().map(|(w, _)| w.shape().dims()[0]).collect();
         let k = parts[0].0.shape().dims()[1];
-        let updates = names
-            .iter()
-            .map(|name| adapter.low_rank(i, name))
-            .collect::<Result<Vec<_>>>()?;
-        let update = LowRank::new(k, &rows, updates)?;
-        return Ok(Linear::fused(parts, plan, device)?.with_low_rank(update));
+        let mut updates = [None, None];
+        for (slot, adapter) in loading.adapters.iter().enumerate() {
+            if let Some(adapter) = adapter {
+                let parts = names
+                    .iter()
+                    .map(|name| adapter.low_rank(i, name))
+                    .collect::<Result<Vec<_>>>()?;
+                updates[slot] = LowRank::new(k, &rows, parts)?;
+            }
+        }
+        return Ok(Linear::fused(parts, plan, device)?.with_low_rank(updates));
     }
     let cpu = &Device::Cpu;
     let bias = crate::kernels::linear::fused_bias(&parts, device)?;
-    let (mut base, mut merged) = (Vec::new(), Vec::new());
-    for ((w, _), name) in parts.iter().zip(names) {
-        let w = w.dequantize(cpu)?;
-        merged.push(match adapter.delta(i, name, cpu)? {
-            Some(delta) => (&w + delta)?,
-            None => w.clone(),
-        });
-        base.push(w);
+    let base: Vec<Tensor> = parts
+        .iter()
+        .map(|(w, _)| w.dequantize(cpu))
+        .collect::<candle_core::Result<_>>()?;
+    let mut merged = [None, None];
+    for (slot, adapter) in loading.adapters.iter().enumerate() {
+        let Some(adapter) = adapter else { continue };
+        let mut rows = Vec::with_capacity(base.len());
+        for (w, name) in base.iter().zip(names) {
+            rows.push(match adapter.delta(i, name, cpu)? {
+                Some(delta) => (w + delta)?,
+                None => w.clone(),
+            });
+        }
+        merged[slot] = Some(Tensor::cat(&rows, 0)?);
     }
-    Linear::dense_pair(
-        Tensor::cat(&base, 0)?,
-        Tensor::cat(&merged, 0)?,
-        bias,
-        device,
-    )
+    Linear::dense_pair(Tensor::cat(&base, 0)?, merged, bias, device)
 }
 
 #[cfg(test)]
