@@ -187,7 +187,8 @@ impl Adapter {
                 path: self.path.clone(),
                 message: format!(
                     "it was trained on a base model with sha256 {} but {} has sha256 {}; \
-                     use the matching base model or --adapter none",
+                     use the matching base model, or leave it out (--adapter none, --reader \
+                     none)",
                     self.manifest.base_sha256,
                     base.display(),
                     base_sha256
