@@ -216,11 +216,6 @@ impl Transformer {
         }
     }
 
-    /// Whether an adapter was loaded beside the weights.
-    pub fn has_adapter(&self) -> bool {
-        self.adapters[0]
-    }
-
     /// `weights` when they were loaded, else the base model's.
     pub fn loaded(&self, weights: Weights) -> Weights {
         match weights.slot() {
