@@ -641,7 +641,8 @@ pub struct QueryArgs {
     pub memory_only: bool,
 
     /// Tokens of passages the answer may read, shared out among its prompts (one per
-    /// passage)
+    /// passage); a question asking for every value of a kind ("What pets does Ana
+    /// have?") reads twice as many
     #[arg(long, value_name = "TOKENS", default_value_t = memagent_memory::EVIDENCE_TOKENS)]
     pub evidence_tokens: usize,
 
@@ -839,7 +840,8 @@ pub struct AskArgs {
     pub memory_only: bool,
 
     /// Tokens of passages the answer may read, shared out among its prompts (one per
-    /// passage)
+    /// passage); a question asking for every value of a kind ("What pets does Ana
+    /// have?") reads twice as many
     #[arg(long, value_name = "TOKENS", default_value_t = memagent_memory::EVIDENCE_TOKENS)]
     pub evidence_tokens: usize,
 
@@ -1278,7 +1280,7 @@ pub struct BenchRulerArgs {
     #[arg(short = 'k', long, default_value_t = memagent_memory::PASSAGES_K)]
     pub passages: usize,
     /// Tokens of passages the answer may read, shared out among its prompts (evidence
-    /// and passages modes)
+    /// and passages modes); a question asking for every value reads twice as many
     #[arg(long, value_name = "TOKENS", default_value_t = memagent_memory::EVIDENCE_TOKENS)]
     pub evidence_tokens: usize,
     /// Read each sample through the store: its document becomes the stream
@@ -1337,7 +1339,8 @@ pub struct BenchQaArgs {
     /// Passages searched per question
     #[arg(short = 'k', long, default_value_t = memagent_memory::PASSAGES_K)]
     pub passages: usize,
-    /// Tokens of passages an answer may read
+    /// Tokens of passages an answer may read (a question asking for every value: twice
+    /// as many)
     #[arg(long, value_name = "TOKENS", default_value_t = memagent_memory::EVIDENCE_TOKENS)]
     pub evidence_tokens: usize,
     /// Folder for the conversations' databases, results.jsonl (appended as questions are

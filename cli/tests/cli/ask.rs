@@ -405,3 +405,49 @@ fn a_focused_reading_skips_chunks_without_the_question_s_words() {
         assert!(step["completion_tokens"].as_u64().unwrap() > 0, "{step:#}");
     }
 }
+
+#[test]
+fn a_question_asking_for_every_value_reads_more_passages_within_the_same_budget() {
+    let dir = tempdir();
+    let file = dir.join("notes.txt");
+    // Each pet in a passage of its own, between paragraphs about nothing asked.
+    let pets = [
+        ("cat", "Ana has a cat called Miso."),
+        ("parrot", "Ana also keeps a parrot named Kiwi."),
+        ("dog", "Ana adopted a dog called Bruno."),
+        ("tortoise", "Ana looks after a tortoise named Pebble."),
+        ("rabbit", "Ana got a rabbit called Clover."),
+    ];
+    let document: String = pets
+        .iter()
+        .map(|(_, said)| format!("{}{said} {}\n\n", FILLER.repeat(2), FILLER))
+        .collect();
+    std::fs::write(&file, &document).unwrap();
+    let run = |question: &str| {
+        let o = ask(
+            &[
+                "--file",
+                file.to_str().unwrap(),
+                "--json",
+                "--evidence-tokens",
+                "20",
+                question,
+            ],
+            "",
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice::<Value>(&o.stdout).unwrap()
+    };
+    let one = run("What is the name of Ana's cat?");
+    let every = run("What pets does Ana have?");
+    let read = |v: &Value| v["passages"].as_array().unwrap().len();
+    assert!(read(&one) >= 1, "{one:#}");
+    assert!(read(&every) > read(&one), "{one:#}\n{every:#}");
+    // The list names the pets of more passages than the budget alone would let it read.
+    let answer = every["extracted"].as_str().unwrap().to_lowercase();
+    let named = pets
+        .iter()
+        .filter(|(kind, _)| answer.contains(kind))
+        .count();
+    assert!(named > read(&one), "{every:#}");
+}
