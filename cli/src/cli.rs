@@ -124,8 +124,10 @@ pub enum Command {
     ///
     /// The best passages of everything the stream stored (BM25 and sentence embeddings,
     /// fused), within --evidence-tokens, are each asked the question in one batch, beside
-    /// the memory's lines on it: the newest passage that answers wins (every passage's
-    /// answer when the question asks for all), then the memory's, then "not known".
+    /// the memory's lines on it. Of the passages that answer, the newest of those whose
+    /// answering turn bears most on the question wins; a question asking for every value
+    /// ("What pets does Ana have?") reads twice the tokens and gets every passage's
+    /// answer; then the memory's, then "not known".
     /// --memory-only answers from the memory alone; --deep reads the stored chunks again
     /// with the question.
     Query(QueryArgs),
