@@ -126,8 +126,8 @@ pub enum Command {
     /// fused), within --evidence-tokens, are each asked the question in one batch, beside
     /// the memory's lines on it. Of the passages that answer, the newest of those whose
     /// answering turn bears most on the question wins; a question asking for every value
-    /// ("What pets does Ana have?") reads twice the tokens and gets every passage's
-    /// answer; then the memory's, then "not known".
+    /// ("What pets does Ana have?") searches and reads three times as much and gets
+    /// every passage's answer; then the memory's, then "not known".
     /// --memory-only answers from the memory alone; --deep reads the stored chunks again
     /// with the question.
     Query(QueryArgs),
@@ -644,7 +644,7 @@ pub struct QueryArgs {
 
     /// Tokens of passages the answer may read, shared out among its prompts (one per
     /// passage); a question asking for every value of a kind ("What pets does Ana
-    /// have?") reads twice as many
+    /// have?") reads three times as many, from three times -k passages
     #[arg(long, value_name = "TOKENS", default_value_t = memagent_memory::EVIDENCE_TOKENS)]
     pub evidence_tokens: usize,
 
@@ -843,7 +843,7 @@ pub struct AskArgs {
 
     /// Tokens of passages the answer may read, shared out among its prompts (one per
     /// passage); a question asking for every value of a kind ("What pets does Ana
-    /// have?") reads twice as many
+    /// have?") reads three times as many, from three times -k passages
     #[arg(long, value_name = "TOKENS", default_value_t = memagent_memory::EVIDENCE_TOKENS)]
     pub evidence_tokens: usize,
 
@@ -1282,7 +1282,7 @@ pub struct BenchRulerArgs {
     #[arg(short = 'k', long, default_value_t = memagent_memory::PASSAGES_K)]
     pub passages: usize,
     /// Tokens of passages the answer may read, shared out among its prompts (evidence
-    /// and passages modes); a question asking for every value reads twice as many
+    /// and passages modes); a question asking for every value reads three times as many
     #[arg(long, value_name = "TOKENS", default_value_t = memagent_memory::EVIDENCE_TOKENS)]
     pub evidence_tokens: usize,
     /// Read each sample through the store: its document becomes the stream
@@ -1341,8 +1341,8 @@ pub struct BenchQaArgs {
     /// Passages searched per question
     #[arg(short = 'k', long, default_value_t = memagent_memory::PASSAGES_K)]
     pub passages: usize,
-    /// Tokens of passages an answer may read (a question asking for every value: twice
-    /// as many)
+    /// Tokens of passages an answer may read (a question asking for every value: three
+    /// times as many, from three times -k passages)
     #[arg(long, value_name = "TOKENS", default_value_t = memagent_memory::EVIDENCE_TOKENS)]
     pub evidence_tokens: usize,
     /// Folder for the conversations' databases, results.jsonl (appended as questions are

@@ -28,20 +28,22 @@ pub struct Answered {
     pub model_answer: Option<String>,
 }
 
-/// How many times the evidence budget a question asking for every value
-/// ([`asks_for_all`]) reads: its values lie in more passages than one answer's does.
-/// Measured on LoCoMo's development conversations (docs/benchmarks/conversations/): all
-/// 161 multi-hop questions F1 0.172 → 0.200 (24 answers better, 1 worse), the evidence
-/// among the turns read 37% → 43%, for 10.6 → 19.4 model calls a multi-hop question;
-/// every 4th question F1 0.418 → 0.422. Reading more passages for every question
-/// (1,024 or 1,536 tokens) answered single values worse (0.411, 0.400); searching more
-/// passages for lists as well (16) changed no answer.
-const LIST_BUDGET: usize = 2;
+/// How many times the passages of other questions a question asking for every value
+/// ([`asks_for_all`]) searches (`k`) and reads (the evidence budget): its values lie in
+/// more passages than one answer's does. Measured on LoCoMo's development conversations
+/// (docs/benchmarks/conversations/), every multi-hop question (161): F1 0.172 → 0.200
+/// reading twice the tokens (24 answers better, 1 worse; searching 16 passages too
+/// changed no answer, the budget bound), → 0.223 searching and reading three times as
+/// much (23 better than at twice, 1 worse); the evidence among the turns read 37% → 43%
+/// → 48%, for 10.6 → 19.4 → 29.1 model calls a multi-hop question. Reading more passages
+/// for every question (1,024 or 1,536 tokens) answered single values worse (0.411,
+/// 0.400 against 0.418 every 4th question).
+pub(crate) const LIST_SCALE: usize = 3;
 
 /// Each question answered from its passages, one prompt per passage
 /// ([`PASSAGE_ANSWER`]), and from the memory's notes that bear on it, all decoded as one
 /// batch. A question asking for every value ("What pets does Ana have?") reads
-/// [`LIST_BUDGET`] times `budget` of passages and gets the answers of every passage that
+/// [`LIST_SCALE`] times `budget` of passages and gets the answers of every passage that
 /// says, oldest first; any other question gets the newest passage's answer
 /// (a fact said again later replaces what was said before), then the notes', then "not
 /// mentioned". A question that names someone or something that neither the passages
@@ -63,7 +65,7 @@ pub fn answer_with_evidence(
         // Asked whole, or a sentence at a time for every value.
         let all = asks_for_all(question);
         let budget = match all {
-            true => budget * LIST_BUDGET,
+            true => budget * LIST_SCALE,
             false => budget,
         };
         let passages = match absent {
@@ -699,7 +701,7 @@ fn bearing_line<'a>(passage: &'a str, question: &str) -> Option<(&'a str, Option
 /// "are" or "were" ("What are Ana's hobbies?"). The noun phrase ends at the first form
 /// of be, do, have or get. Read from the grammar, not from words such as "all" or
 /// "list": real questions ask for a list far more often by a plural than by such a word.
-fn asks_for_all(question: &str) -> bool {
+pub(crate) fn asks_for_all(question: &str) -> bool {
     let words: Vec<String> = question
         .split(|c: char| !c.is_alphanumeric() && c != '\'' && c != '\u{2019}')
         .filter(|w| !w.is_empty())

@@ -41,7 +41,8 @@ pub use ingest::{
     general_answers, DeepAnswer, Ingestor, Pending, StepOutcome, GENERAL_ANSWER, GENERAL_UPDATE,
 };
 pub use query::{
-    empty_memory, version_at, Answer, DeepRead, Mode, Plan, Query, TemplateId, PASSAGES_K,
+    empty_memory, passages_searched, version_at, Answer, DeepRead, Mode, Plan, Query, TemplateId,
+    PASSAGES_K,
 };
 pub use search::{
     evidence_passages, index_lag, search, shown_ranges, sync_all, sync_changes, sync_stream,

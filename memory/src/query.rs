@@ -16,6 +16,16 @@ use crate::{Error, Result};
 /// Passages searched per question when a query names no `k`.
 pub const PASSAGES_K: usize = 8;
 
+/// Passages searched for `question` when `k` are asked for: a question asking for
+/// every value searches [`LIST_SCALE`](crate::answer::LIST_SCALE) times as many, as it
+/// reads that many times the tokens of passages.
+pub fn passages_searched(question: &str, k: usize) -> usize {
+    match crate::answer::asks_for_all(question) {
+        true => k * crate::answer::LIST_SCALE,
+        false => k,
+    }
+}
+
 /// How a question is answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -216,7 +226,10 @@ impl Query {
                 let found = self
                     .questions
                     .iter()
-                    .map(|q| search(store, recall, Some(&[self.stream.as_str()]), q, k))
+                    .map(|q| {
+                        let k = passages_searched(q, k);
+                        search(store, recall, Some(&[self.stream.as_str()]), q, k)
+                    })
                     .collect::<Result<Vec<_>>>()?;
                 Ok(Plan::Evidence {
                     memory: Box::new(memory),

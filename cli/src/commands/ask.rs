@@ -29,7 +29,7 @@ pub fn run(global: &Settings, args: &AskArgs) -> Result<()> {
             super::recall::load_embedder(global)?,
             &document,
             &args.question,
-            args.passages,
+            memagent_memory::passages_searched(&args.question, args.passages),
         )?),
     };
     let (run, evidence) = backend.with_agent(|agent| {
