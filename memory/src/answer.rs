@@ -39,9 +39,9 @@ pub struct Answered {
 /// gold value's best-matching part of the answer, so extra parts cost nothing there: the
 /// whole answer's token F1 (words without stems) went 0.082 → 0.079 → 0.076 and the
 /// share of its parts that match a gold value stayed 11%, with 6.5 → 10.1 → 13.9 parts
-/// an answer: more values found, as many wrong ones in proportion. Reading more passages for every question
-/// (1,024 or 1,536 tokens) answered single values worse (0.411, 0.400 against 0.418
-/// every 4th question).
+/// an answer: more values found, as many wrong ones in proportion. Reading more
+/// passages for every question (1,024 or 1,536 tokens) answered single values worse
+/// (0.411, 0.400 against 0.418 every 4th question).
 pub(crate) const LIST_SCALE: usize = 3;
 
 /// Each question answered from its passages, one prompt per passage
