@@ -66,7 +66,8 @@ pub fn answer_with_evidence(
     let mut asked: Vec<Asked> = Vec::with_capacity(found.len());
     for (question, hits) in questions.iter().zip(found) {
         let absent = unmentioned(question, &hits, &memory.text);
-        // Asked whole, or a sentence at a time for every value.
+        // A list reads more passages, each a sentence at a time; other questions read
+        // each passage whole.
         let all = asks_for_all(question);
         let budget = match all {
             true => budget * LIST_SCALE,
