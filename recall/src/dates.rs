@@ -4,9 +4,10 @@
 //!
 //! The expressions: yesterday, today, tonight, tomorrow, last night, this morning
 //! (afternoon, evening); N days, weeks, months or years ago (N a number, or a word:
-//! "a", "two", "a couple of", "a few"); last, this or next week, weekend, month or
-//! year; last or next Monday…Sunday; in January…December (the nearest such month: at
-//! most six months either side of the turn). Dates are written as LoCoMo and people
+//! "a", "two", "a couple of", "a few"); N weekends ago; the other day; last, this or next
+//! week, weekend, month or year, and "this past" week or weekend; last or next
+//! Monday…Sunday (cut as "Fri" or "Tues" when capitalised); in January…December (the
+//! nearest such month: at most six months either side of the turn). Dates are written as LoCoMo and people
 //! write them: "7 May 2023", "May 2023", "2023", "the week before 9 June 2023".
 //!
 //! Date arithmetic is chrono's; the phrases are matched here, word by word (the
@@ -88,17 +89,22 @@ pub fn is_calendar_word(word: &str) -> bool {
         .any(|name| *name == word || (cut && name.starts_with(word.as_str())))
 }
 
-fn weekday(word: &str) -> Option<Weekday> {
-    Some(match word {
-        "monday" => Weekday::Mon,
-        "tuesday" => Weekday::Tue,
-        "wednesday" => Weekday::Wed,
-        "thursday" => Weekday::Thu,
-        "friday" => Weekday::Fri,
-        "saturday" => Weekday::Sat,
-        "sunday" => Weekday::Sun,
-        _ => return None,
-    })
+/// The weekday `word` names: whole in any case, or cut as people write it after "last"
+/// or "next" ("last Fri", "last Tues") when capitalised, so that "the last sun" stays
+/// the sun.
+fn weekday(word: &str, capitalised: bool) -> Option<Weekday> {
+    let lower = word.to_lowercase();
+    match lower.as_str() {
+        "monday" | "tuesday" | "wednesday" | "thursday" | "friday" | "saturday" | "sunday" => {
+            lower.parse().ok()
+        }
+        _ if !capitalised => None,
+        "tues" => Some(Weekday::Tue),
+        "weds" => Some(Weekday::Wed),
+        "thur" | "thurs" => Some(Weekday::Thu),
+        _ if lower.len() == 3 => lower.parse().ok(),
+        _ => None,
+    }
 }
 
 /// A count as a number or a word; `None` for "a few" and "several" (not a number),
@@ -168,13 +174,26 @@ pub fn resolve(text: &str, at: NaiveDateTime) -> Vec<Resolved> {
     let mut i = 0;
     while i < w.len() {
         let word = |k: usize| w.get(i + k).map_or("", |x| x.2.as_str());
+        let capitalised = |k: usize| {
+            w.get(i + k)
+                .is_some_and(|x| text[x.0..].starts_with(char::is_uppercase))
+        };
         let found: Option<(usize, String)> = match word(0) {
             "yesterday" => Some((1, day(now - Duration::days(1)))),
             "today" | "tonight" => Some((1, day(now))),
             "tomorrow" => Some((1, day(now + Duration::days(1)))),
             "last" if word(1) == "night" => Some((2, day(now - Duration::days(1)))),
             "this" if matches!(word(1), "morning" | "afternoon" | "evening") => Some((2, day(now))),
-            "last" | "this" | "next" => relative(word(0), word(1), now).map(|m| (2, m)),
+            // "this past weekend": the last one.
+            "this" if word(1) == "past" => {
+                relative("last", word(2), capitalised(2), now).map(|m| (3, m))
+            }
+            "the" if word(1) == "other" && word(2) == "day" => {
+                Some((3, format!("a few days before {}", day(now))))
+            }
+            "last" | "this" | "next" => {
+                relative(word(0), word(1), capitalised(1), now).map(|m| (2, m))
+            }
             "in" => in_month(word(1), word(2), now).map(|m| (2, m)),
             _ => ago(&w[i..], now),
         };
@@ -195,7 +214,7 @@ pub fn resolve(text: &str, at: NaiveDateTime) -> Vec<Resolved> {
 
 /// "last week", "next month", "this year", "last Sunday" (the day named with its
 /// date: "Sunday 21 May 2023")…
-fn relative(which: &str, unit: &str, now: NaiveDate) -> Option<String> {
+fn relative(which: &str, unit: &str, capitalised: bool, now: NaiveDate) -> Option<String> {
     let step: i32 = match which {
         "last" => -1,
         "next" => 1,
@@ -214,7 +233,7 @@ fn relative(which: &str, unit: &str, now: NaiveDate) -> Option<String> {
         "month" => month(shift(step)?),
         "year" => (now.year() + step).to_string(),
         other => {
-            let target = weekday(other)?;
+            let target = weekday(other, capitalised)?;
             let mut d = now;
             loop {
                 d = match step {
@@ -245,17 +264,18 @@ fn in_month(name: &str, next: &str, now: NaiveDate) -> Option<String> {
     Some(month(NaiveDate::from_ymd_opt(year, m as u32, 1)?))
 }
 
-/// "two days ago", "a couple of weeks ago", "a few months ago".
+/// "two days ago", "a couple of weeks ago", "a few months ago", "two weekends ago".
 fn ago(w: &[(usize, usize, String)], now: NaiveDate) -> Option<(usize, String)> {
     let word = |k: usize| w.get(k).map_or("", |x| x.2.as_str());
     // "a couple of" / "a few": the count word is the second.
     let (n, skip) = match (word(0), word(1)) {
         ("a", "couple") if word(2) == "of" => (Some(2), 3),
+        ("a", "couple") => (Some(2), 2),
         ("a", "few") => (None, 2),
         (first, _) => (count(first)?, 1),
     };
     let unit = word(skip).trim_end_matches('s');
-    if word(skip + 1) != "ago" || !matches!(unit, "day" | "week" | "month" | "year") {
+    if word(skip + 1) != "ago" || !matches!(unit, "day" | "week" | "weekend" | "month" | "year") {
         return None;
     }
     let len = skip + 2;
@@ -265,6 +285,16 @@ fn ago(w: &[(usize, usize, String)], now: NaiveDate) -> Option<(usize, String)> 
     let means = match unit {
         "day" => day(now - Duration::days(n.into())),
         "week" => format!("the week of {}", day(now - Duration::weeks(n.into()))),
+        // The weekend by its Saturday: the last one at least two days past (so that on
+        // a Sunday it is the weekend before), then a week back for each more.
+        "weekend" => {
+            let mut saturday = now - Duration::days(2);
+            while saturday.weekday() != Weekday::Sat {
+                saturday = saturday.pred_opt()?;
+            }
+            let saturday = saturday - Duration::weeks(i64::from(n) - 1);
+            format!("the weekend of {}", day(saturday))
+        }
         "month" => month(now.checked_sub_months(Months::new(n))?),
         _ => (now.year() - n as i32).to_string(),
     };
@@ -349,6 +379,41 @@ mod tests {
         assert!(means("in March 2021", may8).is_empty());
         assert!(means("the last time we met", may8).is_empty());
         assert!(means("days ago I said", may8).is_empty());
+    }
+
+    #[test]
+    fn weekdays_cut_weekends_counted_and_other_ways_of_saying_it() {
+        let jul17 = "2023-07-17 14:31"; // a Monday
+        assert_eq!(means("last Fri", jul17), ["Friday 14 July 2023"]);
+        assert_eq!(means("joined last Tues.", jul17), ["Tuesday 11 July 2023"]);
+        assert_eq!(means("next Thurs", jul17), ["Thursday 20 July 2023"]);
+        assert_eq!(means("last Sat", jul17), ["Saturday 15 July 2023"]);
+        // A cut weekday counts only capitalised: "the last sun" is the sun.
+        assert!(means("we saw the last sun of summer", jul17).is_empty());
+        assert!(means("at last sat down", jul17).is_empty());
+        assert_eq!(
+            means("this past weekend", jul17),
+            ["the weekend before 17 July 2023"]
+        );
+        assert_eq!(
+            means("two weekends ago", jul17),
+            ["the weekend of 8 July 2023"]
+        );
+        assert_eq!(
+            means("a weekend ago", jul17),
+            ["the weekend of 15 July 2023"]
+        );
+        // Said on a Sunday, the weekend before is the one of eight days past.
+        assert_eq!(
+            means("a weekend ago", "2023-07-16 10:00"),
+            ["the weekend of 8 July 2023"]
+        );
+        assert_eq!(means("a couple days ago", jul17), ["15 July 2023"]);
+        assert_eq!(
+            means("I saw her the other day", jul17),
+            ["a few days before 17 July 2023"]
+        );
+        assert!(means("the other side of the day", jul17).is_empty());
     }
 
     #[test]
