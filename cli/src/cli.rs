@@ -331,6 +331,10 @@ pub struct TrainDataOptions {
     /// a chat log's passages
     #[arg(long, default_value_t = 0.0, value_parser = share)]
     pub dialogue_share: f64,
+    /// Share of those chat exchanges answered "not known" (the exchange left out, or the
+    /// other speaker saying it of themselves), in twentieths; the shipped reader's is 0.2
+    #[arg(long, default_value_t = memagent_tasks::training::DIALOGUE_UNKNOWN_SHARE, value_parser = share)]
+    pub dialogue_unknown_share: f64,
     /// How general-mode update steps write the memory: `rewrite` (the whole memory) or
     /// `lines` (only the chunk's new facts, or NONE; what `memctl ingest --writer lines`
     /// asks the model)

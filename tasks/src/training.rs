@@ -76,6 +76,13 @@ pub struct DataConfig {
     /// people, the fact said in a reply), the passages an answer reads from a chat log.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub dialogue_share: f64,
+    /// Share of the chat exchanges whose answer is "not known": the exchange left out,
+    /// or the other speaker saying it of themselves (a quarter of them).
+    #[serde(
+        default = "default_dialogue_unknown_share",
+        skip_serializing_if = "is_default_dialogue_unknown_share"
+    )]
+    pub dialogue_unknown_share: f64,
     /// How general-mode update steps write the memory: the whole memory rewritten, or
     /// only the chunk's new facts as lines (`memctl ingest --writer lines`).
     #[serde(default, skip_serializing_if = "is_rewrite")]
@@ -84,6 +91,18 @@ pub struct DataConfig {
 
 fn is_zero(share: &f64) -> bool {
     *share == 0.0
+}
+
+/// The share of chat exchanges answered "not known" that the shipped reader was trained
+/// with ([`DataConfig::dialogue_unknown_share`]).
+pub const DIALOGUE_UNKNOWN_SHARE: f64 = 0.2;
+
+fn default_dialogue_unknown_share() -> f64 {
+    DIALOGUE_UNKNOWN_SHARE
+}
+
+fn is_default_dialogue_unknown_share(share: &f64) -> bool {
+    *share == DIALOGUE_UNKNOWN_SHARE
 }
 
 fn is_rewrite(w: &Writer) -> bool {
@@ -100,6 +119,7 @@ impl Default for DataConfig {
             general_share: 0.35,
             evidence_share: 0.0,
             dialogue_share: 0.0,
+            dialogue_unknown_share: DIALOGUE_UNKNOWN_SHARE,
             writer: Writer::Rewrite,
         }
     }
@@ -286,7 +306,11 @@ pub fn example(
     if config.evidence_share > 0.0 && rng.random_bool(config.evidence_share.min(1.0)) {
         let patterns = Patterns::of(split);
         if config.dialogue_share > 0.0 && rng.random_bool(config.dialogue_share.min(1.0)) {
-            return Ok(dialogue::dialogue_example(patterns, &mut rng));
+            return Ok(dialogue::dialogue_example(
+                patterns,
+                config.dialogue_unknown_share,
+                &mut rng,
+            ));
         }
         return Ok(evidence::evidence_example(patterns, &mut rng));
     }

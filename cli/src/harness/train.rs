@@ -25,6 +25,7 @@ fn data_config(o: &TrainDataOptions) -> DataConfig {
         general_share: o.general_share,
         evidence_share: o.evidence_share,
         dialogue_share: o.dialogue_share,
+        dialogue_unknown_share: o.dialogue_unknown_share,
         writer: o.writer,
     }
 }

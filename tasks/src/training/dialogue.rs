@@ -469,8 +469,9 @@ fn say(
     }
 }
 
-/// A dialogue evidence example drawn with `rng` from the patterns `p`.
-pub(super) fn dialogue_example(p: &Patterns, rng: &mut StdRng) -> Example {
+/// A dialogue evidence example drawn with `rng` from the patterns `p`, answered "not
+/// known" for `unknown_share` of them (in twentieths).
+pub(super) fn dialogue_example(p: &Patterns, unknown_share: f64, rng: &mut StdRng) -> Example {
     let people = picks(p.people, 2, rng);
     let names = [people[0], people[1]];
     let day = NaiveDate::from_ymd_opt(2022, 1, 1).expect("date")
@@ -491,10 +492,15 @@ pub(super) fn dialogue_example(p: &Patterns, rng: &mut StdRng) -> Example {
         }
     }
     let target = say(p, asked, 0, names, day, rng);
-    // Most say it; of the rest, some have the other speaker say it of themselves, the
-    // others leave it out.
+    // Most say it; of the rest, a quarter have the other speaker say it of themselves,
+    // the others leave it out.
+    let unknown = (unknown_share.clamp(0.0, 1.0) * 20.0).round() as u32;
     let roll = rng.random_range(0..20);
-    let (told, swapped) = (roll < 16, roll == 16);
+    let said = 20 - unknown;
+    let (told, swapped) = (
+        roll < said,
+        unknown > 0 && roll < said + unknown.div_ceil(4),
+    );
     let mut said: Vec<Vec<(usize, String)>> = others.iter().map(|s| s.turns.clone()).collect();
     if told {
         said.insert(rng.random_range(0..=said.len()), target.turns.clone());

@@ -313,3 +313,29 @@ fn dialogue_examples_answer_from_the_reply_of_the_one_asked_about_in_a_few_words
         );
     }
 }
+
+#[test]
+fn the_share_of_chat_exchanges_answered_not_known_is_the_one_asked_for() {
+    let tok = tokenizer();
+    let fillers = Fillers::new(Split::Train, None).unwrap();
+    let unknown = |share: f64| {
+        let config = DataConfig {
+            evidence_share: 1.0,
+            dialogue_share: 1.0,
+            dialogue_unknown_share: share,
+            ..DataConfig::default()
+        };
+        let n = 400;
+        let not_known = (0..n)
+            .filter(|&i| {
+                let e = example(&tok, &fillers, &config, Split::Train, i).unwrap();
+                e.target == "not known"
+            })
+            .count();
+        not_known as f64 / n as f64
+    };
+    let (none, tenth, default) = (unknown(0.0), unknown(0.1), unknown(0.2));
+    assert_eq!(none, 0.0);
+    assert!((0.05..0.15).contains(&tenth), "{tenth}");
+    assert!((0.15..0.25).contains(&default), "{default}");
+}
