@@ -7,8 +7,9 @@
 //! "a", "two", "a couple of", "a few"); N weekends ago; the other day; last, this or next
 //! week, weekend, month or year, and "this past" week or weekend; last or next
 //! Monday…Sunday (cut as "Fri" or "Tues" when capitalised); in January…December (the
-//! nearest such month: at most six months either side of the turn). Dates are written as LoCoMo and people
-//! write them: "7 May 2023", "May 2023", "2023", "the week before 9 June 2023".
+//! nearest such month: at most six months either side of the turn). Dates are written
+//! as LoCoMo and people write them: "7 May 2023", "May 2023", "2023", "the week before
+//! 9 June 2023".
 //!
 //! Date arithmetic is chrono's; the phrases are matched here, word by word (the
 //! maintained natural-date parsers read a whole string as one date, not expressions
