@@ -70,19 +70,20 @@ const MONTHS: [&str; 12] = [
     "december",
 ];
 
+const WEEKDAYS: [&str; 7] = [
+    "monday",
+    "tuesday",
+    "wednesday",
+    "thursday",
+    "friday",
+    "saturday",
+    "sunday",
+];
+
 /// Whether `word` names a month or a weekday (any case), whole or cut to its first
 /// three or four letters as dates are written ("Aug 15th", "Sept", "Tue").
 pub fn is_calendar_word(word: &str) -> bool {
     let word = word.to_lowercase();
-    const WEEKDAYS: [&str; 7] = [
-        "monday",
-        "tuesday",
-        "wednesday",
-        "thursday",
-        "friday",
-        "saturday",
-        "sunday",
-    ];
     let cut = (3..=4).contains(&word.len());
     MONTHS
         .iter()
@@ -96,9 +97,7 @@ pub fn is_calendar_word(word: &str) -> bool {
 fn weekday(word: &str, capitalised: bool) -> Option<Weekday> {
     let lower = word.to_lowercase();
     match lower.as_str() {
-        "monday" | "tuesday" | "wednesday" | "thursday" | "friday" | "saturday" | "sunday" => {
-            lower.parse().ok()
-        }
+        whole if WEEKDAYS.contains(&whole) => lower.parse().ok(),
         _ if !capitalised => None,
         "tues" => Some(Weekday::Tue),
         "weds" => Some(Weekday::Wed),
