@@ -164,7 +164,7 @@ pub fn answer_with_evidence(
         let passage_said_at: Vec<Option<NaiveDateTime>> = a
             .passages
             .iter()
-            .map(|e| said_at(&e.hit.text, question))
+            .map(|e| said_at(&e.hit.text, question, continued(e)))
             .collect();
         let said_at: Vec<Option<NaiveDateTime>> =
             a.units.iter().map(|(i, _)| passage_said_at[*i]).collect();
@@ -181,7 +181,10 @@ pub fn answer_with_evidence(
         let dated = asks_when(question)
             .then(|| best_passage(&a.passages, question))
             .flatten()
-            .and_then(|p| Some((p, passage_date(&a.passages[p].hit.text, question)?)));
+            .and_then(|p| {
+                let e = &a.passages[p];
+                Some((p, passage_date(&e.hit.text, question, continued(e))?))
+            });
         if let Some((p, date)) = dated {
             model_answer = Some(std::mem::replace(&mut answer, date));
             cited = a
@@ -616,7 +619,7 @@ fn asks_when(question: &str) -> bool {
 /// [`when_rank`]), the search's better ranked of equals.
 fn best_passage(passages: &[Evidence], question: &str) -> Option<usize> {
     let best_turn = |e: &Evidence| {
-        timed_lines(&e.hit.text)
+        timed_lines(&e.hit.text, continued(e))
             .into_iter()
             .map(|(line, at)| when_rank(line, at, question))
             .max()
@@ -630,10 +633,20 @@ fn best_passage(passages: &[Evidence], question: &str) -> Option<usize> {
     })
 }
 
+/// The time of the chat turn a found passage starts in, which dates its first lines when
+/// it was cut inside that turn.
+fn continued(e: &Evidence) -> Option<NaiveDateTime> {
+    e.hit.time.as_deref().and_then(dates::parse_time)
+}
+
 /// The lines of `passage`, each with the time of its chat turn or of the last timed turn
-/// before it in the passage (a chat log may stamp only a session's first turn).
-fn timed_lines(passage: &str) -> Vec<(&str, Option<NaiveDateTime>)> {
-    let mut at = None;
+/// before it in the passage (a chat log may stamp only a session's first turn); the
+/// lines before its first turn, with `continued`, the time of the turn it was cut from.
+fn timed_lines(
+    passage: &str,
+    continued: Option<NaiveDateTime>,
+) -> Vec<(&str, Option<NaiveDateTime>)> {
+    let mut at = continued;
     passage
         .lines()
         .map(|line| {
@@ -680,8 +693,12 @@ fn turn_body(line: &str) -> &str {
 /// time ("yesterday" said on 8 May 2023: "7 May 2023"), else the day it was said. `None`
 /// when it has no time, or when it writes a date out ("Kofi's birthday is December
 /// 27"): the model reads it.
-pub fn passage_date(passage: &str, question: &str) -> Option<String> {
-    let (line, at) = bearing_line(passage, question)?;
+pub fn passage_date(
+    passage: &str,
+    question: &str,
+    continued: Option<NaiveDateTime>,
+) -> Option<String> {
+    let (line, at) = bearing_line(passage, question, continued)?;
     match says(line, at) {
         Says::Relative(means) => Some(means),
         Says::Written => None,
@@ -691,14 +708,22 @@ pub fn passage_date(passage: &str, question: &str) -> Option<String> {
 
 /// When the line of `passage` that bears most on `question` was said: its chat turn's
 /// time, or the last time shown before it; `None` for text without a time.
-fn said_at(passage: &str, question: &str) -> Option<NaiveDateTime> {
-    bearing_line(passage, question)?.1
+fn said_at(
+    passage: &str,
+    question: &str,
+    continued: Option<NaiveDateTime>,
+) -> Option<NaiveDateTime> {
+    bearing_line(passage, question, continued)?.1
 }
 
 /// The line of `passage` that bears most on `question` (see [`when_rank`]; the first of
 /// equals), with its time ([`timed_lines`]).
-fn bearing_line<'a>(passage: &'a str, question: &str) -> Option<(&'a str, Option<NaiveDateTime>)> {
-    timed_lines(passage)
+fn bearing_line<'a>(
+    passage: &'a str,
+    question: &str,
+    continued: Option<NaiveDateTime>,
+) -> Option<(&'a str, Option<NaiveDateTime>)> {
+    timed_lines(passage, continued)
         .into_iter()
         .rev()
         .max_by_key(|&(line, at)| when_rank(line, at, question))
@@ -836,7 +861,7 @@ mod tests {
             "[2023-03-01 09:00] user: Ravi lives in Graz.",
         ];
         let said = [Some("Krakow"), Some("Graz")];
-        let at: Vec<Option<NaiveDateTime>> = texts.iter().map(|t| said_at(t, q)).collect();
+        let at: Vec<Option<NaiveDateTime>> = texts.iter().map(|t| said_at(t, q, None)).collect();
         assert_eq!(
             at[1].map(|t| t.date()),
             chrono::NaiveDate::from_ymd_opt(2023, 3, 1)
@@ -865,7 +890,7 @@ mod tests {
             None,
         );
         assert_eq!(answer, "Graz");
-        assert_eq!(said_at("Ravi lives in Graz.", q), None);
+        assert_eq!(said_at("Ravi lives in Graz.", q, None), None);
     }
 
     fn beside_all(texts: &[&str], said: &[Option<&str>], q: &str) -> Vec<Beside> {
@@ -889,7 +914,7 @@ mod tests {
         ];
         let said = [Some("Porto."), Some("Rome.")];
         let beside = beside_all(&texts, &said, q);
-        let at: Vec<Option<NaiveDateTime>> = texts.iter().map(|t| said_at(t, q)).collect();
+        let at: Vec<Option<NaiveDateTime>> = texts.iter().map(|t| said_at(t, q, None)).collect();
         let (answer, cited) = chosen_answer(q, &said, &[true; 2], &beside, &at, None);
         assert_eq!((answer.as_str(), cited), ("Porto.", vec![0]));
         // A change said in other words still replaces what was said before.
@@ -900,7 +925,7 @@ mod tests {
         ];
         let said = [Some("Graz."), Some("Krakow.")];
         let beside = beside_all(&texts, &said, q);
-        let at: Vec<Option<NaiveDateTime>> = texts.iter().map(|t| said_at(t, q)).collect();
+        let at: Vec<Option<NaiveDateTime>> = texts.iter().map(|t| said_at(t, q, None)).collect();
         let (answer, _) = chosen_answer(q, &said, &[true; 2], &beside, &at, None);
         assert_eq!(answer, "Krakow.");
         // So is one naming whom the question asks about, with fewer of its other words.
@@ -1014,26 +1039,38 @@ mod tests {
                        [2023-05-08 13:58] user (Ana): The route setters were great.\n";
         let q = "When did Ana go to the climbing gym?";
         assert!(asks_when(q));
-        assert_eq!(passage_date(passage, q).as_deref(), Some("7 May 2023"));
+        assert_eq!(
+            passage_date(passage, q, None).as_deref(),
+            Some("7 May 2023")
+        );
         // No relative date: the day the turn was said.
         let q = "When did Ana meet the route setters?";
-        assert_eq!(passage_date(passage, q).as_deref(), Some("8 May 2023"));
-        assert_eq!(passage_date("No time here.", q), None);
+        assert_eq!(
+            passage_date(passage, q, None).as_deref(),
+            Some("8 May 2023")
+        );
+        assert_eq!(passage_date("No time here.", q, None), None);
         // Of two turns sharing as many words, the one saying when the event was.
         let passage = "[2023-05-08 13:56] user (Ana): The climbing gym opens on Fridays.\n\
                        [2023-05-08 13:57] user (Ana): I went to the climbing gym yesterday.\n";
         let q = "When did Ana go to the climbing gym?";
-        assert_eq!(passage_date(passage, q).as_deref(), Some("7 May 2023"));
+        assert_eq!(
+            passage_date(passage, q, None).as_deref(),
+            Some("7 May 2023")
+        );
         // A turn that writes its date out is left to the model, stamped or not.
         let passage = "[2026-01-15 09:00] user: Can you suggest a quick lunch idea?\n\
                        assistant: Noted.\n\
                        user: My cousin Kofi's birthday is on December 27.\n\
                        assistant: I'll remember Kofi's birthday.\n";
-        assert_eq!(passage_date(passage, "When is Kofi's birthday?"), None);
+        assert_eq!(
+            passage_date(passage, "When is Kofi's birthday?", None),
+            None
+        );
         // An unstamped turn has the time of the session's stamped one.
         let passage = "[2026-01-15 09:00] user: Hello.\nuser: Kofi moved to Oslo yesterday.\n";
         assert_eq!(
-            passage_date(passage, "When did Kofi move to Oslo?").as_deref(),
+            passage_date(passage, "When did Kofi move to Oslo?", None).as_deref(),
             Some("14 January 2026")
         );
         assert!(!asks_when("In which year did Gina open her store?"));

@@ -17,7 +17,7 @@
 
 use chrono::{Datelike, Duration, Months, NaiveDate, NaiveDateTime, Weekday};
 
-use crate::passages::turn_time;
+use crate::passages::{is_turn, turn_time};
 
 /// A relative expression found in a text, with what it resolves to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -315,18 +315,27 @@ pub fn annotate(text: &str, at: NaiveDateTime) -> String {
 }
 
 /// A passage with the relative dates of each chat turn resolved against the turn's own
-/// time (lines that are not timed turns are left as they are); `None` when nothing
-/// was resolved.
-pub fn dated(passage: &str) -> Option<String> {
+/// time; `None` when nothing was resolved. A turn's lines after its first, and the lines
+/// a passage starts with when it starts inside a turn, are that turn's words: they are
+/// resolved against its time (`continued`, the time of the turn open where the passage
+/// starts, for those). Text that is no timed turn's is left as it is.
+pub fn dated(passage: &str, continued: Option<NaiveDateTime>) -> Option<String> {
     let mut changed = false;
+    let mut at = continued;
     let lines: Vec<String> = passage
         .split_inclusive('\n')
         .map(|line| {
-            let Some(at) = turn_time(line).and_then(parse_time) else {
+            // The words after the speaker: the time itself is not an expression.
+            let body = match is_turn(line) {
+                true => {
+                    at = turn_time(line).and_then(parse_time);
+                    line.find("] ").map_or(0, |i| i + 2)
+                }
+                false => 0,
+            };
+            let Some(at) = at else {
                 return line.to_string();
             };
-            // The words after the speaker: the time itself is not an expression.
-            let body = line.find("] ").map_or(0, |i| i + 2);
             let annotated = annotate(&line[body..], at);
             changed |= annotated.len() != line.len() - body;
             format!("{}{annotated}", &line[..body])
@@ -458,7 +467,7 @@ mod tests {
         let passage = "[2023-05-08 13:56] user (Ana): I went to the climbing gym yesterday.\n\
                        [2023-05-25 13:14] user (Ravi): I ran a half marathon last Sunday.\n\
                        user (Rav): Yesterday was fun.\n";
-        let shown = dated(passage).unwrap();
+        let shown = dated(passage, None).unwrap();
         assert!(
             shown.contains("climbing gym yesterday [7 May 2023]."),
             "{shown}"
@@ -472,11 +481,38 @@ mod tests {
             "{shown}"
         );
         assert!(shown.starts_with("[2023-05-08 13:56] user (Ana): "));
-        assert_eq!(dated("[2023-05-08 13:56] user: Hello there.\n"), None);
-        assert_eq!(dated("Yesterday, in a document without a time."), None);
+        assert_eq!(dated("[2023-05-08 13:56] user: Hello there.\n", None), None);
+        assert_eq!(
+            dated("Yesterday, in a document without a time.", None),
+            None
+        );
         assert_eq!(
             annotate("Yesterday.", at("2023-05-08T13:56:00Z")),
             "Yesterday [7 May 2023]."
         );
+    }
+
+    #[test]
+    fn a_turn_s_later_lines_and_a_passage_starting_inside_a_turn_take_its_time() {
+        // A passage cut inside a turn said on Monday 11 March 2024: its first line is that
+        // turn's words, then a turn of two lines.
+        let passage = "dinner was great. Something odd happened last Friday.\n\
+                       [2024-03-12 09:00] user (Ben): What happened?\n\
+                       I was away until yesterday.\n";
+        let monday = Some(at("2024-03-11 18:02"));
+        let shown = dated(passage, monday).unwrap();
+        assert!(
+            shown.starts_with(
+                "dinner was great. Something odd happened last Friday [Friday 8 March 2024]."
+            ),
+            "{shown}"
+        );
+        assert!(
+            shown.ends_with("I was away until yesterday [11 March 2024].\n"),
+            "{shown}"
+        );
+        // Without the time of the turn it starts in, its first line is left alone.
+        let shown = dated(passage, None).unwrap();
+        assert!(shown.starts_with("dinner was great. Something odd happened last Friday.\n"));
     }
 }

@@ -71,6 +71,9 @@ const CANDIDATES: usize = 50;
 pub const WORDS_WEIGHT: f64 = 0.6;
 /// Bytes of the log read and committed at a time.
 const WINDOW: u64 = 256 * 1024;
+/// How far back before a window a passage cut inside a chat turn looks for the line that
+/// started the turn (whose time dates it).
+const TURN_LOOKBACK: u64 = 16 * 1024;
 /// Segments under this many passages are merged together once there are more than
 /// [`MAX_SMALL_SEGMENTS`] of them.
 const SMALL_SEGMENT: u32 = 20_000;

@@ -70,6 +70,12 @@ pub fn turn_time(passage: &str) -> Option<&str> {
     is_turn(line).then(|| &rest[..end])
 }
 
+/// The line of `text` starting the chat turn still open at its end (its last turn
+/// line), or `None` when it holds no turn.
+pub fn open_turn(text: &str) -> Option<&str> {
+    text.lines().rev().find(|line| is_turn(line))
+}
+
 /// The speaker and the words of a chat turn rendered with a name
 /// (`[2023-05-08 13:56] user (Ana): I went …` gives `("Ana", "I went …")`).
 pub fn turn_speaker(line: &str) -> Option<(&str, &str)> {

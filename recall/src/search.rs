@@ -27,7 +27,8 @@ pub struct Hit {
     pub dated: Option<String>,
     pub source: Option<String>,
     pub line: Option<u64>,
-    /// The chat turn's time, when it has one.
+    /// The time of the chat turn the passage starts in (its first turn, or the turn it
+    /// continues when cut inside one), when it has one.
     pub time: Option<String>,
     /// Fused score, 0–1: the BM25 score over the best one's, and the similarity scaled
     /// between the least and most similar candidates, weighted ([`WORDS_WEIGHT`]);
@@ -203,16 +204,17 @@ impl Recall {
         let text_of = |f: Field| doc.get_first(f).and_then(|v| v.as_str()).map(String::from);
         let u64_of = |f: Field| doc.get_first(f).and_then(|v| v.as_u64());
         let text = text_of(self.f.text).unwrap_or_default();
+        let time = text_of(self.f.time);
         Hit {
             stream: text_of(self.f.stream).unwrap_or_default(),
             stream_id: u64_of(self.f.stream_id).unwrap_or_default(),
             start: u64_of(self.f.start).unwrap_or_default(),
             end: u64_of(self.f.end).unwrap_or_default(),
-            dated: crate::dates::dated(&text),
+            dated: crate::dates::dated(&text, time.as_deref().and_then(crate::dates::parse_time)),
             text,
             source: text_of(self.f.source),
             line: u64_of(self.f.line),
-            time: text_of(self.f.time),
+            time,
             score: 0.0,
             bm25_rank: None,
             vector_rank: None,

@@ -135,7 +135,28 @@ impl Recall {
                 .delete_query(self.tail_query(log.id, from))
                 .map_err(|e| self.err(e))?;
             let mut added = 0usize;
+            // The turn open where each passage starts: one cut inside a turn is dated by it.
+            let mut open_turn = match from {
+                0 => None,
+                _ => {
+                    let back = from.saturating_sub(TURN_LOOKBACK);
+                    let before = (log.read)(back, from).map_err(|reason| Error::Read {
+                        stream: log.name.to_string(),
+                        offset: back,
+                        reason,
+                    })?;
+                    let before = String::from_utf8_lossy(&before);
+                    passages::open_turn(&before)
+                        .and_then(passages::turn_time)
+                        .map(String::from)
+                }
+            };
+            let mut scanned = 0;
             for ((span, piece), vector) in spans.iter().zip(&texts).zip(vectors) {
+                if let Some(found) = passages::open_turn(&text[scanned..span.start]) {
+                    open_turn = passages::turn_time(found).map(String::from);
+                }
+                scanned = span.start;
                 let start = from + span.start as u64;
                 let origin = (log.origin)(start);
                 let mut doc = TantivyDocument::default();
@@ -150,7 +171,11 @@ impl Recall {
                 if let Some(l) = origin.line {
                     doc.add_u64(self.f.line, l);
                 }
-                if let Some(t) = passages::turn_time(piece) {
+                let time = match passages::is_turn(piece.trim_start()) {
+                    true => passages::turn_time(piece),
+                    false => open_turn.as_deref(),
+                };
+                if let Some(t) = time {
                     doc.add_text(self.f.time, t);
                 }
                 if let Some(v) = vector {

@@ -130,7 +130,7 @@ proptest! {
             prop_assert!(annotated.contains(&r.means));
         }
         let _ = dates::names_a_date(&text);
-        let _ = dates::dated(&text);
+        let _ = dates::dated(&text, Some(at));
     }
 
     #[test]

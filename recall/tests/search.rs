@@ -235,3 +235,46 @@ fn the_encoder_gives_the_reference_similarities_whatever_it_is_embedded_with() {
         assert_eq!(bits(&alone[0]), bits(vector), "{text:?}");
     }
 }
+
+/// A passage cut inside a long chat turn is dated by that turn's time: its relative
+/// dates resolve against it, whether the log was indexed whole or the cut fell at the
+/// start of a later sync.
+#[test]
+fn a_passage_cut_inside_a_turn_is_dated_by_that_turn() {
+    let filler: Vec<String> = (0..200).map(|i| format!("tide{i}")).collect();
+    let log = format!(
+        "[2024-03-10 09:00] user (Ben): How was the week at the harbour?\n\
+         [2024-03-11 18:02] user (Ana): {} Then last Friday the old pilot retired.\n\
+         [2024-03-11 18:05] user (Ben): Good for him!\n",
+        filler.join(" ")
+    );
+    let cut_inside = log.find("tide180").unwrap();
+    for (name, steps) in [
+        ("whole", vec![log.len()]),
+        ("pieces", vec![cut_inside, log.len()]),
+    ] {
+        let dir = temp_dir(&format!("inside-turn-{name}"));
+        let recall = Recall::open(&dir, Some(embedder())).unwrap();
+        for len in steps {
+            sync(&recall, log.as_bytes(), len);
+        }
+        let hits = search(&recall, "When did the old pilot retire?", 3);
+        let hit = hits
+            .iter()
+            .find(|h| h.text.contains("pilot retired"))
+            .expect("the passage saying it is found");
+        assert!(
+            !hit.text.starts_with('['),
+            "{name}: cut inside the turn: {}",
+            hit.text
+        );
+        assert_eq!(hit.time.as_deref(), Some("2024-03-11 18:02"), "{name}");
+        assert!(
+            hit.shown()
+                .contains("last Friday [Friday 8 March 2024] the old pilot retired"),
+            "{name}: {}",
+            hit.shown()
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
