@@ -70,6 +70,21 @@ fn readable(bytes: &[u8], at_end: bool, stream: &str, from: u64) -> String {
     String::from_utf8(out).expect("valid UTF-8 by construction")
 }
 
+/// The time of the chat turn open at byte `at` of the log, from the line that started it
+/// within [`TURN_LOOKBACK`] bytes before.
+fn turn_before(log: &LogSource<'_>, at: u64) -> Result<Option<String>> {
+    let back = at.saturating_sub(TURN_LOOKBACK);
+    let before = (log.read)(back, at).map_err(|reason| Error::Read {
+        stream: log.name.to_string(),
+        offset: back,
+        reason,
+    })?;
+    let before = String::from_utf8_lossy(&before);
+    Ok(passages::open_turn(&before)
+        .and_then(passages::turn_time)
+        .map(String::from))
+}
+
 impl Recall {
     /// Indexes whatever the stream's log holds past what was indexed, a window at a
     /// time, each window one commit with the new reading position; `on_progress` sees
@@ -135,26 +150,14 @@ impl Recall {
                 .delete_query(self.tail_query(log.id, from))
                 .map_err(|e| self.err(e))?;
             let mut added = 0usize;
-            // The turn open where each passage starts: one cut inside a turn is dated by it.
-            let mut open_turn = match from {
-                0 => None,
-                _ => {
-                    let back = from.saturating_sub(TURN_LOOKBACK);
-                    let before = (log.read)(back, from).map_err(|reason| Error::Read {
-                        stream: log.name.to_string(),
-                        offset: back,
-                        reason,
-                    })?;
-                    let before = String::from_utf8_lossy(&before);
-                    passages::open_turn(&before)
-                        .and_then(passages::turn_time)
-                        .map(String::from)
-                }
-            };
+            // The time of the turn open where each passage starts (one cut inside a turn
+            // is dated by it); before the window's first turn, read from the log only
+            // when a passage needs it.
+            let mut open_turn: Option<Option<String>> = (from == 0).then_some(None);
             let mut scanned = 0;
             for ((span, piece), vector) in spans.iter().zip(&texts).zip(vectors) {
                 if let Some(found) = passages::open_turn(&text[scanned..span.start]) {
-                    open_turn = passages::turn_time(found).map(String::from);
+                    open_turn = Some(passages::turn_time(found).map(String::from));
                 }
                 scanned = span.start;
                 let start = from + span.start as u64;
@@ -173,7 +176,10 @@ impl Recall {
                 }
                 let time = match passages::is_turn(piece.trim_start()) {
                     true => passages::turn_time(piece),
-                    false => open_turn.as_deref(),
+                    false => match &open_turn {
+                        Some(t) => t.as_deref(),
+                        None => open_turn.insert(turn_before(log, from)?).as_deref(),
+                    },
                 };
                 if let Some(t) = time {
                     doc.add_text(self.f.time, t);
