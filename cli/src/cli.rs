@@ -127,7 +127,10 @@ pub enum Command {
     /// the memory's lines on it. Of the passages that answer, the newest of those whose
     /// answering turn bears most on the question wins; a question asking for every value
     /// ("What pets does Ana have?") searches and reads three times as much and gets
-    /// every passage's answer; then the memory's, then "not known".
+    /// every passage's answer; then the memory's, then "not known". A question asking
+    /// when ("When did Ana fly to Porto?") searches twice as much and is answered
+    /// without the model, whatever the budget: the date of the turn among all the
+    /// passages found that bears on it most, its "yesterday" resolved.
     /// --memory-only answers from the memory alone; --deep reads the stored chunks again
     /// with the question.
     Query(QueryArgs),
@@ -648,7 +651,8 @@ pub struct QueryArgs {
 
     /// Tokens of passages the answer may read, shared out among its prompts (one per
     /// passage); a question asking for every value of a kind ("What pets does Ana
-    /// have?") reads three times as many, from three times -k passages
+    /// have?") reads three times as many, from three times -k passages; a question
+    /// asking when is dated from twice -k passages by code, outside this budget
     #[arg(long, value_name = "TOKENS", default_value_t = memagent_memory::EVIDENCE_TOKENS)]
     pub evidence_tokens: usize,
 
@@ -847,7 +851,8 @@ pub struct AskArgs {
 
     /// Tokens of passages the answer may read, shared out among its prompts (one per
     /// passage); a question asking for every value of a kind ("What pets does Ana
-    /// have?") reads three times as many, from three times -k passages
+    /// have?") reads three times as many, from three times -k passages; a question
+    /// asking when is dated from twice -k passages by code, outside this budget
     #[arg(long, value_name = "TOKENS", default_value_t = memagent_memory::EVIDENCE_TOKENS)]
     pub evidence_tokens: usize,
 

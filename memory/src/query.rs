@@ -16,13 +16,18 @@ use crate::{Error, Result};
 /// Passages searched per question when a query names no `k`.
 pub const PASSAGES_K: usize = 8;
 
-/// Passages searched for `question` when `k` are asked for: a question asking for
-/// every value searches [`LIST_SCALE`](crate::answer::LIST_SCALE) times as many, as it
-/// reads that many times the tokens of passages.
+/// Passages searched for `question` when `k` are asked for: a question asking when
+/// searches [`WHEN_SCALE`](crate::answer::WHEN_SCALE) times as many (code reads its
+/// date from all of them); one asking for every value
+/// [`LIST_SCALE`](crate::answer::LIST_SCALE) times as many, as it reads that many times
+/// the tokens of passages.
 pub fn passages_searched(question: &str, k: usize) -> usize {
-    match crate::answer::asks_for_all(question) {
-        true => k * crate::answer::LIST_SCALE,
-        false => k,
+    if crate::answer::asks_when(question) {
+        k * crate::answer::WHEN_SCALE
+    } else if crate::answer::asks_for_all(question) {
+        k * crate::answer::LIST_SCALE
+    } else {
+        k
     }
 }
 
@@ -139,10 +144,6 @@ pub struct Answer {
     /// the model).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_calls: Option<usize>,
-    /// The model's own answer, when the answer is a date read from the cited passage
-    /// (a question asking when).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model_answer: Option<String>,
     /// Deep answers only.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deep: bool,
@@ -165,7 +166,6 @@ impl Answer {
             seconds: report.seconds,
             passages: None,
             model_calls: Some(1),
-            model_answer: None,
             deep: false,
             read: None,
         }
@@ -185,7 +185,6 @@ impl Answer {
             seconds: deep.answer.seconds,
             passages: None,
             model_calls: None,
-            model_answer: None,
             deep: true,
             read: Some(DeepRead {
                 chain: deep.chain,
@@ -267,7 +266,6 @@ impl Query {
                     .map(|(q, answered)| Answer {
                         passages: Some(answered.passages),
                         model_calls: Some(answered.calls),
-                        model_answer: answered.model_answer,
                         ..Answer::from_memory(stream, memory.version, q, &answered.report)
                     })
                     .collect())

@@ -65,12 +65,6 @@ struct Record {
     recall_at: Vec<f64>,
     seconds: f64,
     model_calls: usize,
-    /// The model's own answer where the answer is a date read from the passages, and
-    /// its score: the same run's ablation of that rule.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    model_answer: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    model_score: Option<f64>,
 }
 
 /// Where each turn of a conversation lies in its stream's log.
@@ -311,8 +305,6 @@ impl Asking<'_> {
             recall_at: Vec::new(),
             seconds: 0.0,
             model_calls: 0,
-            model_answer: None,
-            model_score: None,
         };
         let started = Instant::now();
         if mode == "search" {
@@ -403,8 +395,6 @@ impl Asking<'_> {
         record.answer = answer.text().trim().to_string();
         record.score = locomo_score(q, &record.answer);
         record.all_words = holds_gold_words(q, &record.answer);
-        record.model_score = answer.model_answer.as_deref().map(|a| locomo_score(q, a));
-        record.model_answer = answer.model_answer;
         record.abstained = abstains(&record.answer) || says_not_mentioned(&record.answer);
         Ok(record)
     }
@@ -468,7 +458,6 @@ fn summary(records: &[&Record]) -> serde_json::Value {
         "questions": records.len(),
         "f1": mean(records.iter().map(|r| r.score)),
         "f1_answerable": mean(answerable.iter().map(|r| r.score)),
-        "f1_without_date_rule": mean(records.iter().map(|r| r.model_score.unwrap_or(r.score))),
         "all_gold_words": share(&answerable, &|r| r.all_words),
         "adversarial_not_mentioned": share(&adversarial, &|r| says_not_mentioned(&r.answer)),
         "adversarial_abstained": share(&adversarial, &|r| r.abstained),
@@ -599,9 +588,8 @@ fn markdown(args: &BenchQaArgs, value: &serde_json::Value) -> String {
         row("overall", &r["overall"]);
         let o = &r["overall"];
         md.push_str(&format!(
-            "\nF1 of answerable questions {}; without the date read from the passages for \"when\" questions (the model's own answers) {}; adversarial answered \"not mentioned\" {} (abstained {}); false \"not known\" on answerable {}.\n",
+            "\nF1 of answerable questions {}; adversarial answered \"not mentioned\" {} (abstained {}); false \"not known\" on answerable {}.\n",
             num(&o["f1_answerable"], 3),
-            num(&o["f1_without_date_rule"], 3),
             pct(&o["adversarial_not_mentioned"]),
             pct(&o["adversarial_abstained"]),
             pct(&o["false_not_known"]),

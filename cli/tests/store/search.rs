@@ -515,3 +515,76 @@ fn memory_lines_name_the_version_chunk_and_passage_they_came_from() {
     assert!(printed.contains("<- memory v"), "{printed}");
     assert!(printed.contains("written by a person"), "{printed}");
 }
+
+#[test]
+fn a_question_asking_when_gets_the_turn_s_resolved_date_from_every_passage_found() {
+    let dir = data_dir("search-when");
+    let filler = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/data/filler.txt"),
+    )
+    .unwrap();
+    let sentences: Vec<&str> = filler
+        .split(". ")
+        .map(str::trim)
+        .filter(|s| s.len() > 20)
+        .collect();
+    // Sittings on six days, two people; the trip is told on the fourth day, the day
+    // after it happened, and Porto comes up again later without it.
+    let mut log = String::new();
+    let mut turn = |name: &str, content: &str, time: &str| {
+        let line = serde_json::json!({
+            "role": "user", "name": name, "content": content, "timestamp": time,
+        });
+        log.push_str(&format!("{line}\n"));
+    };
+    let mut said = sentences.iter().cycle();
+    for day in 8..14 {
+        for (i, name) in ["Ana", "Ben", "Ana", "Ben", "Ana", "Ben"]
+            .iter()
+            .enumerate()
+        {
+            let time = format!("2024-03-{day:02} 1{i}:00");
+            let content = match (day, i) {
+                (11, 2) => "I flew to Porto yesterday to see my aunt.".to_string(),
+                (13, 3) => "Porto has the best pastries, everyone says so.".to_string(),
+                _ => format!("{}. {}.", said.next().unwrap(), said.next().unwrap()),
+            };
+            turn(name, &content, &time);
+        }
+    }
+    let file = dir.join("talk.jsonl");
+    std::fs::write(&file, log).unwrap();
+    assert!(run(
+        &dir,
+        &["ingest", "talk", file.to_str().unwrap(), "--no-process"]
+    )
+    .status
+    .success());
+    // A budget smaller than any passage: the date is read by code from every passage
+    // found, and no model reads them.
+    let answer = json(&run(
+        &dir,
+        &[
+            "query",
+            "talk",
+            "When did Ana fly to Porto?",
+            "--json",
+            "--evidence-tokens",
+            "16",
+        ],
+    ));
+    assert_eq!(answer["answer"], "10 March 2024", "{answer:#}");
+    assert_eq!(answer["model_calls"], 0, "{answer:#}");
+    let cited: Vec<&str> = answer["passages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["cited"] == true)
+        .map(|p| p["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(cited.len(), 1, "{answer:#}");
+    assert!(
+        cited[0].contains("(Ana): I flew to Porto yesterday"),
+        "{answer:#}"
+    );
+}
