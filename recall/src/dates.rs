@@ -6,7 +6,10 @@
 //! (afternoon, evening); N days, weeks, months or years ago (N a number, or a word:
 //! "a", "two", "a couple of", "a few"); N weekends ago; the other day; last, this or next
 //! week, weekend, month or year, and "this past" week or weekend; last or next
-//! Monday…Sunday (cut as "Fri" or "Tues" when capitalised); in January…December (the
+//! Monday…Sunday (cut as "Fri" or "Tues" when capitalised); on Monday…Sunday (the one
+//! before the turn's day, or the one after when the sentence speaks of what is to come:
+//! "will", "'ll", "going", "gonna", "plan"); last, this or next January…December, and
+//! spring, summer or fall (autumn); in January…December (the
 //! nearest such month: at most six months either side of the turn). Dates are written
 //! as LoCoMo and people write them: "7 May 2023", "May 2023", "2023", "the week before
 //! 9 June 2023".
@@ -195,6 +198,9 @@ pub fn resolve(text: &str, at: NaiveDateTime) -> Vec<Resolved> {
                 relative(word(0), word(1), capitalised(1), now).map(|m| (2, m))
             }
             "in" => in_month(word(1), word(2), now).map(|m| (2, m)),
+            "on" => weekday(word(1), capitalised(1))
+                .and_then(|d| on_weekday(d, ahead(text, w[i].0), now))
+                .map(|m| (2, m)),
             _ => ago(&w[i..], now),
         };
         match found {
@@ -232,6 +238,33 @@ fn relative(which: &str, unit: &str, capitalised: bool, now: NaiveDate) -> Optio
         },
         "month" => month(shift(step)?),
         "year" => (now.year() + step).to_string(),
+        // "May" and "March" only capitalised: "the last may be late".
+        named if MONTHS.contains(&named) && (capitalised || !matches!(named, "may" | "march")) => {
+            let m = MONTHS.iter().position(|&x| x == named)? as u32 + 1;
+            let year = match step {
+                -1 if m < now.month() => now.year(),
+                -1 => now.year() - 1,
+                1 if m > now.month() => now.year(),
+                1 => now.year() + 1,
+                _ => return in_month(named, "", now),
+            };
+            month(NaiveDate::from_ymd_opt(year, m, 1)?)
+        }
+        "spring" | "summer" | "fall" | "autumn" => {
+            let (first, last) = match unit {
+                "spring" => (3, 5),
+                "summer" => (6, 8),
+                _ => (9, 11),
+            };
+            let year = match step {
+                -1 if now.month() > last => now.year(),
+                -1 => now.year() - 1,
+                1 if now.month() < first => now.year(),
+                1 => now.year() + 1,
+                _ => now.year(),
+            };
+            format!("{unit} {year}")
+        }
         other => {
             let target = weekday(other, capitalised)?;
             let mut d = now;
@@ -247,6 +280,37 @@ fn relative(which: &str, unit: &str, capitalised: bool, now: NaiveDate) -> Optio
             }
         }
     })
+}
+
+/// Whether the sentence of `text` around byte `at` speaks of what is to come: it holds
+/// "will", a contracted "'ll" (or "’ll"), "going", "gonna" or a form of "plan".
+fn ahead(text: &str, at: usize) -> bool {
+    let start = text[..at].rfind(['.', '!', '?', '\n']).map_or(0, |i| i + 1);
+    let end = text[at..]
+        .find(['.', '!', '?', '\n'])
+        .map_or(text.len(), |i| at + i);
+    let w = words(&text[start..end]);
+    w.iter().any(|(_, _, word)| {
+        matches!(
+            word.as_str(),
+            "will" | "gonna" | "going" | "plan" | "plans" | "planning" | "ll"
+        ) || word.ends_with("'ll")
+    })
+}
+
+/// "on Friday": the Friday before the turn's day, or after it when `ahead`, with its
+/// date ("Friday 8 March 2024").
+fn on_weekday(target: Weekday, ahead: bool, now: NaiveDate) -> Option<String> {
+    let mut d = now;
+    loop {
+        d = match ahead {
+            true => d.succ_opt()?,
+            false => d.pred_opt()?,
+        };
+        if d.weekday() == target {
+            return Some(format!("{} {}", d.format("%A"), day(d)));
+        }
+    }
 }
 
 /// "in March" (not followed by a year): the March nearest the turn.
@@ -423,6 +487,35 @@ mod tests {
             ["a few days before 11 March 2024"]
         );
         assert!(means("the other side of the day", mar11).is_empty());
+    }
+
+    #[test]
+    fn named_months_seasons_and_a_weekday_after_on() {
+        let dec = "2023-12-06 10:00"; // a Wednesday
+        assert_eq!(means("Last August I ran a stall.", dec), ["August 2023"]);
+        assert_eq!(means("last december", dec), ["December 2022"]);
+        assert_eq!(means("next March", dec), ["March 2024"]);
+        assert_eq!(means("We met last summer.", dec), ["summer 2023"]);
+        assert_eq!(means("this fall", dec), ["fall 2023"]);
+        assert_eq!(means("next spring", dec), ["spring 2024"]);
+        let july = "2023-07-10 09:00"; // a Monday, in summer
+        assert_eq!(means("last summer", july), ["summer 2022"]);
+        // "may" and "march" name months only capitalised.
+        assert!(means("the last may be late, the last march is long", july).is_empty());
+        // A weekday after "on": the one before, unless the sentence looks ahead.
+        assert_eq!(
+            means("On Friday, I got great news.", july),
+            ["Friday 7 July 2023"]
+        );
+        assert_eq!(
+            means("I got news. I’ll fly out on Friday!", july),
+            ["Friday 14 July 2023"]
+        );
+        assert_eq!(
+            means("We're going to the lake on Sat.", july),
+            ["Saturday 15 July 2023"]
+        );
+        assert!(means("He sat on sat cushions.", july).is_empty());
     }
 
     #[test]
