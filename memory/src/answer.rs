@@ -691,20 +691,38 @@ enum Says {
     Nothing,
 }
 
-fn says(line: &str, at: Option<NaiveDateTime>) -> Says {
+fn says(line: &str, at: Option<NaiveDateTime>, question: &str) -> Says {
     let body = turn_body(line);
-    match at.and_then(|at| dates::resolve(body, at).into_iter().next()) {
-        Some(r) => Says::Relative(r.means),
+    match at.and_then(|at| bearing_date(body, at, question)) {
+        Some(means) => Says::Relative(means),
         None if dates::names_a_date(body) => Says::Written,
         None => Says::Nothing,
     }
+}
+
+/// Of the relative dates `text` says at `at`, resolved, the one in the sentence that
+/// shares the most of the question's words, the first of equals: "On Friday I got the
+/// news. Next month I fly to Porto." answers when the flight is with next month.
+fn bearing_date(text: &str, at: NaiveDateTime, question: &str) -> Option<String> {
+    dates::resolve(text, at)
+        .into_iter()
+        .map(|r| {
+            let start = text[..r.start].rfind(['.', '!', '?']).map_or(0, |i| i + 1);
+            let end = text[r.end..]
+                .find(['.', '!', '?'])
+                .map_or(text.len(), |i| r.end + i);
+            (coverage(&text[start..end], question), r.means)
+        })
+        .rev()
+        .max_by_key(|(shared, _)| *shared)
+        .map(|(_, means)| means)
 }
 
 /// How much a turn bears on a question asking when: the question's words it shares,
 /// then whether it says when (a relative date, "yesterday", or a date written out),
 /// which tells a turn about the event from one that merely mentions it.
 fn when_rank(line: &str, at: Option<NaiveDateTime>, question: &str) -> (usize, bool) {
-    let says_when = !matches!(says(line, at), Says::Nothing);
+    let says_when = !matches!(says(line, at, question), Says::Nothing);
     (coverage(line, question), says_when)
 }
 
@@ -714,8 +732,11 @@ fn turn_body(line: &str) -> &str {
 }
 
 /// The date of the line of `passage` that bears most on `question` (see [`when_rank`];
-/// the first of equals): the first relative date it says, resolved against its turn's
-/// time ("yesterday" said on 8 May 2023: "7 May 2023"), else the day it was said. `None`
+/// the first of equals): the relative date it says ([`bearing_date`]: of several, the
+/// one in the sentence sharing most of the question's words), resolved against its
+/// turn's time ("yesterday" said on 8 May 2023: "7 May 2023"), else the day it was said;
+/// measured on LoCoMo's development conversations, every temporal question (154): the
+/// first of a turn's dates 0.556, the bearing sentence's 0.560 (1 answer better). `None`
 /// when it has no time, or when it writes a date out ("Kofi's birthday is December
 /// 27"): the model reads it.
 pub fn passage_date(
@@ -724,7 +745,7 @@ pub fn passage_date(
     continued: Option<NaiveDateTime>,
 ) -> Option<String> {
     let (line, at) = bearing_line(passage, question, continued)?;
-    match says(line, at) {
+    match says(line, at, question) {
         Says::Relative(means) => Some(means),
         Says::Written => None,
         Says::Nothing => at.map(|at| dates::day(at.date())),
@@ -1097,6 +1118,17 @@ mod tests {
         assert_eq!(
             passage_date(passage, "When did Kofi move to Oslo?", None).as_deref(),
             Some("14 January 2026")
+        );
+        // Of two dates in a turn, the one in the sentence the question is about.
+        let passage = "[2024-03-11 10:00] user (Ana): On Friday I got the job! \
+                       Next month I fly to Porto to see my aunt.\n";
+        assert_eq!(
+            passage_date(passage, "When does Ana fly to Porto?", None).as_deref(),
+            Some("April 2024")
+        );
+        assert_eq!(
+            passage_date(passage, "When did Ana get the job?", None).as_deref(),
+            Some("Friday 8 March 2024")
         );
         assert!(!asks_when("In which year did Gina open her store?"));
         assert!(asks_when("What year did Gina open her store?"));
