@@ -707,11 +707,8 @@ fn bearing_date(text: &str, at: NaiveDateTime, question: &str) -> Option<String>
     dates::resolve(text, at)
         .into_iter()
         .map(|r| {
-            let start = text[..r.start].rfind(['.', '!', '?']).map_or(0, |i| i + 1);
-            let end = text[r.end..]
-                .find(['.', '!', '?'])
-                .map_or(text.len(), |i| r.end + i);
-            (coverage(&text[start..end], question), r.means)
+            let sentence = dates::sentence_around(text, r.start, r.end);
+            (coverage(sentence, question), r.means)
         })
         .rev()
         .max_by_key(|(shared, _)| *shared)

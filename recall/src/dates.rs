@@ -282,14 +282,22 @@ fn relative(which: &str, unit: &str, capitalised: bool, now: NaiveDate) -> Optio
     })
 }
 
+/// The sentence of `text` holding the bytes `start..end`: from the last ".", "!", "?"
+/// or line break before them to the first after them.
+pub fn sentence_around(text: &str, start: usize, end: usize) -> &str {
+    let from = text[..start]
+        .rfind(['.', '!', '?', '\n'])
+        .map_or(0, |i| i + 1);
+    let to = text[end..]
+        .find(['.', '!', '?', '\n'])
+        .map_or(text.len(), |i| end + i);
+    &text[from..to]
+}
+
 /// Whether the sentence of `text` around byte `at` speaks of what is to come: it holds
 /// "will", a contracted "'ll" (or "’ll"), "going", "gonna" or a form of "plan".
 fn ahead(text: &str, at: usize) -> bool {
-    let start = text[..at].rfind(['.', '!', '?', '\n']).map_or(0, |i| i + 1);
-    let end = text[at..]
-        .find(['.', '!', '?', '\n'])
-        .map_or(text.len(), |i| at + i);
-    let w = words(&text[start..end]);
+    let w = words(sentence_around(text, at, at));
     w.iter().any(|(_, _, word)| {
         matches!(
             word.as_str(),
