@@ -1518,6 +1518,13 @@ pub struct BenchEngineArgs {
     #[arg(long, value_delimiter = ',', default_value = "512,2048,5000")]
     pub prefill: Vec<usize>,
 
+    /// Short prompts prefilled one at a time and together, as `N`x`T` (N prompts of T
+    /// tokens each, as an answer's passages are): `ppTxN-alone` against `ppTxN`, the
+    /// prompts' rows multiplied as one matrix where the model's prefill is row-exact;
+    /// checks both give each prompt the same token. 0: none
+    #[arg(long, value_name = "NxT", default_value = "24x96", value_parser = parse_stacked)]
+    pub stacked: Stacked,
+
     /// Tokens to decode
     #[arg(long, default_value_t = 256)]
     pub decode: usize,
@@ -1566,5 +1573,25 @@ fn share(s: &str) -> Result<f64, String> {
         Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
         Ok(v) => Err(format!("{v} is not between 0 and 1")),
         Err(e) => Err(format!("{s:?} is not a number: {e}")),
+    }
+}
+
+/// `bench engine --stacked`: N prompts of T tokens, or none.
+#[derive(Debug, Clone, Copy)]
+pub struct Stacked(pub Option<(usize, usize)>);
+
+/// `--stacked`: `NxT` (N prompts of T tokens), or `0` for none.
+fn parse_stacked(text: &str) -> Result<Stacked, String> {
+    if text == "0" {
+        return Ok(Stacked(None));
+    }
+    let parsed = text
+        .split_once('x')
+        .and_then(|(n, t)| Some((n.parse::<usize>().ok()?, t.parse::<usize>().ok()?)));
+    match parsed {
+        Some((n, t)) if n > 0 && t > 0 => Ok(Stacked(Some((n, t)))),
+        _ => Err(format!(
+            "`{text}` is not NxT (prompts x tokens, both above 0, e.g. 24x96) or 0"
+        )),
     }
 }

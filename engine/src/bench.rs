@@ -157,6 +157,60 @@ pub fn bench_prefill(
     })
 }
 
+/// `n` short prompts of `tokens` tokens each (different slices of `filler`, no prefix
+/// cache), prefilled one after another (`pp{tokens}x{n}-alone`) and then together as
+/// [`LocalModel::generate_batch`] prefills them (`pp{tokens}x{n}`), each up to its
+/// first token, with a check that every prompt got the same token both ways. `None`
+/// where the model's prefill is not row-exact and prompts prefill one at a time
+/// ([`crate::Transformer::stacks_prefill`]).
+pub fn bench_stacked_prefill(
+    model: &LocalModel,
+    filler: &[u32],
+    n: usize,
+    tokens: usize,
+    repeats: usize,
+) -> Result<Option<(BenchResult, BenchResult)>> {
+    if !model.transformer().stacks_prefill() {
+        return Ok(None);
+    }
+    if filler.len() < tokens + n {
+        return Err(Error::InvalidRequest(format!(
+            "benchmark filler has {} tokens, {} needed",
+            filler.len(),
+            tokens + n
+        )));
+    }
+    let prompts: Vec<&[u32]> = (0..n).map(|i| &filler[i..i + tokens]).collect();
+    let options = GenerateOptions {
+        max_new_tokens: 1,
+        reuse_prefix: false,
+        ..GenerateOptions::default()
+    };
+    let mut firsts = Vec::new();
+    let alone = measure(format!("pp{tokens}x{n}-alone"), n * tokens, repeats, || {
+        firsts = prompts
+            .iter()
+            .map(|p| Ok(model.generate(p, &options)?.token_ids))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(())
+    })?;
+    let mut together_firsts = Vec::new();
+    let together = measure(format!("pp{tokens}x{n}"), n * tokens, repeats, || {
+        together_firsts = model
+            .generate_batch(&prompts, &options)?
+            .into_iter()
+            .map(|g| g.token_ids)
+            .collect();
+        Ok(())
+    })?;
+    if let Some(i) = (0..n).find(|&i| firsts[i] != together_firsts[i]) {
+        return Err(Error::InvalidRequest(format!(
+            "prompt {i} prefilled together gave another token than alone: not exact"
+        )));
+    }
+    Ok(Some((alone, together)))
+}
+
 /// The model's projections alone on `rows` rows (`mm{rows}`): every matrix product of a
 /// prefill of that many tokens without its attention and element-wise work, so tokens per
 /// second is the ceiling those products put on prefill, reported with their GFLOP/s.

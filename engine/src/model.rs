@@ -98,6 +98,13 @@ impl Default for GenerateOptions {
 /// Most tokens drafted per forward pass by default (the adaptive length starts lower).
 pub const DEFAULT_DRAFT_TOKENS: usize = 8;
 
+/// Most prompt rows a pass of prompts prefilled together takes
+/// ([`Transformer::prefill_many`]): two prefill chunks' worth. Measured on LoCoMo's
+/// development conversations (docs/benchmarks/conversations/), every 4th single-hop
+/// question (three passages of about 300 tokens each): 2.04 s a question one prompt at
+/// a time, 2.01 s with passes of up to 512 rows, 1.90 s with 1,024.
+const STACKED_ROWS: usize = 2 * crate::models::PREFILL_CHUNK;
+
 /// Why generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -499,10 +506,7 @@ impl LocalModel {
         let speculate =
             options.sampling.temperature <= 0.0 && options.draft_tokens > 0 && self.exact_rows();
         let max_draft = options.draft_tokens.min(Transformer::MAX_VERIFY - 1);
-        let mut seqs = prompts
-            .iter()
-            .map(|prompt| self.start_sequence(prompt, options, max_draft))
-            .collect::<Result<Vec<_>>>()?;
+        let mut seqs = self.start_sequences(prompts, options, max_draft)?;
         let decode_start = Instant::now();
         loop {
             let drafting = Drafting {
@@ -547,15 +551,91 @@ impl LocalModel {
         Ok(())
     }
 
-    /// A sequence with its prompt prefilled (unless it is to generate nothing).
-    fn start_sequence<'p>(
+    /// Sequences with their prompts prefilled. Where the model's prefill products are
+    /// row-exact ([`Transformer::stacks_prefill`]), the prompts prefill together, up to
+    /// [`STACKED_ROWS`] rows a pass, each after the prefix the prefix cache holds of it
+    /// ([`Transformer::prefill_many`]); a first prompt whose head is not cached yet
+    /// prefills alone first, for the others to reuse it. An answer's prompts are many
+    /// and short, and a short prompt alone makes a small, slow product. Each gets exactly
+    /// the logits it gets alone.
+    fn start_sequences<'p>(
+        &self,
+        prompts: &[&'p [u32]],
+        options: &GenerateOptions,
+        max_draft: usize,
+    ) -> Result<Vec<Sequence<'p>>> {
+        if prompts.len() < 2 || options.max_new_tokens == 0 || !self.transformer.stacks_prefill() {
+            return prompts
+                .iter()
+                .map(|prompt| self.start_sequence(prompt, options, max_draft))
+                .collect();
+        }
+        let reuse = options.reuse_prefix && self.exact_rows();
+        let weights = self.transformer.loaded(options.weights);
+        let mut seqs = Vec::with_capacity(prompts.len());
+        // Prompts waiting to prefill together: (sequence, cache, tokens reused).
+        let mut waiting: Vec<(usize, KvCache, usize)> = Vec::new();
+        for (i, prompt) in prompts.iter().enumerate() {
+            let capacity = prompt.len() + options.max_new_tokens;
+            let (cache, reused) = self.prefix_start(prompt, capacity, reuse, weights)?;
+            // A first prompt without a cached prefix prefills alone, for the others to
+            // reuse its head.
+            let leads = i == 0 && reuse && reused == 0;
+            let mut seq = self.new_sequence(prompt, options, max_draft);
+            if !leads && Transformer::stackable(cache.len(), prompt.len() - reused) {
+                waiting.push((i, cache, reused));
+            } else {
+                let (logits, cache) = self.prefill_from(prompt, cache, reused, reuse)?;
+                seq.decoding.cached_prompt = reused;
+                seq.row = logits.squeeze(0)?.to_vec1()?;
+                seq.cache = Some(cache);
+                seq.prefill_seconds = seq.start.elapsed().as_secs_f64();
+            }
+            seqs.push(seq);
+        }
+        let mut waiting = waiting.into_iter().peekable();
+        while waiting.peek().is_some() {
+            let mut group = Vec::new();
+            let mut rows = 0;
+            while let Some((i, _, reused)) = waiting.peek() {
+                let t = seqs[*i].prompt.len() - reused;
+                if !group.is_empty() && rows + t > STACKED_ROWS {
+                    break;
+                }
+                rows += t;
+                group.push(waiting.next().expect("peeked"));
+            }
+            let start = Instant::now();
+            let mut inputs: Vec<(&[u32], &mut KvCache)> = group
+                .iter_mut()
+                .map(|(i, cache, reused)| (&seqs[*i].prompt[*reused..], cache))
+                .collect();
+            let logits = self.transformer.prefill_many(&mut inputs)?;
+            let seconds = start.elapsed().as_secs_f64();
+            for ((i, cache, reused), logits) in group.into_iter().zip(logits) {
+                if reuse {
+                    self.prefixes().remember(seqs[i].prompt, &cache)?;
+                }
+                let seq = &mut seqs[i];
+                seq.start = start;
+                seq.decoding.cached_prompt = reused;
+                seq.row = logits.squeeze(0)?.to_vec1()?;
+                seq.cache = Some(cache);
+                // The pass's time shared by rows.
+                seq.prefill_seconds = seconds * (seq.prompt.len() - reused) as f64 / rows as f64;
+            }
+        }
+        Ok(seqs)
+    }
+
+    /// A sequence of `prompt`, not yet prefilled.
+    fn new_sequence<'p>(
         &self,
         prompt: &'p [u32],
         options: &GenerateOptions,
         max_draft: usize,
-    ) -> Result<Sequence<'p>> {
-        let start = Instant::now();
-        let mut seq = Sequence {
+    ) -> Sequence<'p> {
+        Sequence {
             prompt,
             sampler: Sampler::new(options.sampling),
             generated: Vec::new(),
@@ -564,10 +644,21 @@ impl LocalModel {
             draft_len: max_draft.min(4),
             decoding: DecodeStats::default(),
             stop: (options.max_new_tokens == 0).then_some(StopReason::MaxTokens),
-            start,
+            start: Instant::now(),
             prefill_seconds: 0.0,
             decode_seconds: 0.0,
-        };
+        }
+    }
+
+    /// A sequence with its prompt prefilled (unless it is to generate nothing).
+    fn start_sequence<'p>(
+        &self,
+        prompt: &'p [u32],
+        options: &GenerateOptions,
+        max_draft: usize,
+    ) -> Result<Sequence<'p>> {
+        let mut seq = self.new_sequence(prompt, options, max_draft);
+        let start = seq.start;
         if seq.stop.is_none() {
             let total = prompt.len() + options.max_new_tokens;
             let (logits, cache, reused) =
@@ -749,20 +840,43 @@ impl LocalModel {
     ) -> Result<(candle_core::Tensor, KvCache, usize)> {
         let reuse = reuse && self.exact_rows();
         let weights = self.transformer.loaded(weights);
-        let found = if reuse {
-            self.prefixes().start(prompt, capacity, weights)?
-        } else {
-            None
-        };
-        let (mut cache, reused) =
-            found.unwrap_or_else(|| (self.transformer.new_cache_with(1, capacity, weights), 0));
+        let (cache, reused) = self.prefix_start(prompt, capacity, reuse, weights)?;
+        let (logits, cache) = self.prefill_from(prompt, cache, reused, reuse)?;
+        Ok((logits, cache, reused))
+    }
+
+    /// Runs the rest of `prompt` after the `reused` tokens `cache` holds, and remembers
+    /// the prompt's prefix (with `reuse`): the logits after the prompt, and the cache.
+    fn prefill_from(
+        &self,
+        prompt: &[u32],
+        mut cache: KvCache,
+        reused: usize,
+        reuse: bool,
+    ) -> Result<(candle_core::Tensor, KvCache)> {
         let logits = self
             .transformer
             .forward(&[prompt[reused..].to_vec()], &mut cache)?;
         if reuse {
             self.prefixes().remember(prompt, &cache)?;
         }
-        Ok((logits, cache, reused))
+        Ok((logits, cache))
+    }
+
+    /// A cache of `capacity` for `prompt` holding the longest prefix of it the prefix
+    /// cache has (with `reuse`), and how many tokens that is.
+    fn prefix_start(
+        &self,
+        prompt: &[u32],
+        capacity: usize,
+        reuse: bool,
+        weights: Weights,
+    ) -> Result<(KvCache, usize)> {
+        let found = match reuse {
+            true => self.prefixes().start(prompt, capacity, weights)?,
+            false => None,
+        };
+        Ok(found.unwrap_or_else(|| (self.transformer.new_cache_with(1, capacity, weights), 0)))
     }
 
     fn prefixes(&self) -> std::sync::MutexGuard<'_, PrefixCache> {

@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use memagent_agent::{MemoryAgent, REPEAT_GUARD_TOKENS, UPDATE};
 use memagent_engine::bench::{
     bench_batch, bench_decode, bench_decode_batch, bench_prefill, bench_projections, bench_rewrite,
-    BenchResult, RewriteWork,
+    bench_stacked_prefill, BenchResult, RewriteWork,
 };
 use memagent_tasks::{single_needle, Haystack, NeedleSample};
 use serde::Serialize;
@@ -31,13 +31,35 @@ pub fn engine(global: &Settings, args: &BenchEngineArgs) -> Result<()> {
         );
     }
     let unit = model.tokenizer().encode(FILLER, false)?;
-    let filler: Vec<u32> = unit.iter().copied().cycle().take(longest).collect();
+    let stacked = args.stacked.0.map_or(0, |(n, t)| n + t);
+    let filler: Vec<u32> = unit
+        .iter()
+        .copied()
+        .cycle()
+        .take(longest.max(stacked))
+        .collect();
     let mut results: Vec<BenchResult> = Vec::new();
     for &n in args.prefill.iter().filter(|&&n| n > 0) {
         let r =
             bench_prefill(&model, &filler, n, args.repeats).with_context(|| format!("pp{n}"))?;
         report_progress(&r);
         results.push(r);
+    }
+    if let Some((n, tokens)) = args.stacked.0 {
+        match bench_stacked_prefill(&model, &filler, n, tokens, args.repeats)
+            .with_context(|| format!("pp{tokens}x{n}"))?
+        {
+            Some((alone, together)) => {
+                report_progress(&alone);
+                report_progress(&together);
+                results.push(alone);
+                results.push(together);
+            }
+            None => eprintln!(
+                "pp{tokens}x{n}: skipped: this model's prefill products are not row-exact \
+                 here (no integer kernel), so prompts prefill one at a time"
+            ),
+        }
     }
     for &rows in args.projections.iter().filter(|&&rows| rows > 0) {
         let r = bench_projections(&model, rows, args.repeats)?;
@@ -160,7 +182,7 @@ fn print_engine_table(
     )?;
     writeln!(
         out,
-        "{:<10} {:>8} {:>10} {:>14} {:>9} {:>10} {:>9}",
+        "{:<14} {:>8} {:>10} {:>14} {:>9} {:>10} {:>9}",
         "test", "tokens", "tok/s", "peak RSS MiB", "speedup", "accepted", "tok/pass"
     )?;
     for (i, r) in results.iter().enumerate() {
@@ -170,7 +192,8 @@ fn print_engine_table(
         // A drafted rewrite follows its plain run, a batch its sequences alone.
         let (speedup, accepted, per_pass) = match (&r.decoding, i.checked_sub(1)) {
             (None, Some(j))
-                if (r.test.starts_with("bw") && !r.test.ends_with("-alone"))
+                if ((r.test.starts_with("bw") || r.test.starts_with("pp"))
+                    && results[j].test == format!("{}-alone", r.test))
                     || (r.test.starts_with("tg") && r.test.contains('x')) =>
             {
                 (
@@ -191,7 +214,7 @@ fn print_engine_table(
         };
         writeln!(
             out,
-            "{:<10} {:>8} {:>10.1} {:>14} {:>9} {:>10} {:>9}",
+            "{:<14} {:>8} {:>10.1} {:>14} {:>9} {:>10} {:>9}",
             r.test, r.tokens, r.tokens_per_second, rss, speedup, accepted, per_pass
         )?;
     }

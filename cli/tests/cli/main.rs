@@ -285,50 +285,99 @@ fn a_prefill_of_2048_tokens_stays_within_its_memory_bound() {
     );
 }
 
+/// `bench engine` with only the given cases, once each: prefill sizes (`0`: none),
+/// projection rows (empty: none) and short prompts stacked (`0`: none).
+fn bench_engine(prefill: &str, projections: &str, stacked: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "bench",
+        "engine",
+        "--prefill",
+        prefill,
+        "--decode",
+        "0",
+        "--rewrite",
+        "--batch",
+        "0",
+        "--stacked",
+        stacked,
+        "--repeats",
+        "1",
+        "--projections",
+    ];
+    if !projections.is_empty() {
+        args.push(projections);
+    }
+    args.extend_from_slice(extra);
+    with_model(&args)
+}
+
+/// The cases a `bench engine --json` run reported, in order.
+fn case_names(v: &serde_json::Value) -> Vec<&str> {
+    v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["test"].as_str().unwrap())
+        .collect()
+}
+
 /// The engine benchmark's small cases: a prefill, the projections alone (with their
 /// GFLOP/s, which a prefill case does not carry) and none of the cases turned off.
 #[test]
 fn bench_engine_reports_prefill_and_the_projections_alone() {
-    // Everything but a 32-token prefill and the projections on 16 rows turned off.
-    let bench = |extra: &[&str]| {
-        let mut args = vec![
-            "bench",
-            "engine",
-            "--prefill",
-            "32",
-            "--decode",
-            "0",
-            "--rewrite",
-            "--batch",
-            "0",
-            "--projections",
-            "16",
-            "--repeats",
-            "1",
-        ];
-        args.extend_from_slice(extra);
-        with_model(&args)
-    };
-    let o = bench(&["--json"]);
+    let o = bench_engine("32", "16", "0", &["--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(case_names(&v), ["pp32", "mm16"]);
     let results = v["results"].as_array().unwrap();
-    let tests: Vec<&str> = results
-        .iter()
-        .map(|r| r["test"].as_str().unwrap())
-        .collect();
-    assert_eq!(tests, ["pp32", "mm16"]);
     assert!(results[0].get("gflop_per_second").is_none());
     assert_eq!(results[1]["tokens"], 16);
     assert!(results[1]["gflop_per_second"].as_f64().unwrap() > 0.0);
     assert!(results[1]["tokens_per_second"].as_f64().unwrap() > 0.0);
-    let o = bench(&[]);
+    let o = bench_engine("32", "16", "0", &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
         stdout(&o).contains("mm16: the projections' matrix products alone run at"),
         "{}",
         stdout(&o)
     );
+}
+
+/// Short prompts prefilled one at a time and together: both cases over the same
+/// tokens, each prompt's first token checked to agree, the speedup printed beside the
+/// second; a malformed size is refused with what it takes.
+#[test]
+fn bench_engine_prefills_short_prompts_alone_and_together() {
+    let o = bench_engine("0", "", "4x40", &["--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let tests = case_names(&v);
+    if tests.is_empty() {
+        // No integer kernel on this CPU: prompts prefill one at a time, and it says so.
+        assert_eq!(v["machine"]["integer_kernel"], "portable", "{v:#}");
+        assert!(stderr(&o).contains("skipped"), "{}", stderr(&o));
+        return;
+    }
+    assert_eq!(tests, ["pp40x4-alone", "pp40x4"]);
+    for r in v["results"].as_array().unwrap() {
+        assert_eq!(r["tokens"], 160, "{r:#}");
+        assert!(r["tokens_per_second"].as_f64().unwrap() > 0.0, "{r:#}");
+    }
+    let o = bench_engine("0", "", "4x40", &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = stdout(&o);
+    let line = table
+        .lines()
+        .find(|l| l.starts_with("pp40x4 "))
+        .unwrap_or_else(|| panic!("{table}"));
+    let speedup = line.split_whitespace().nth(4).unwrap_or_default();
+    assert!(
+        speedup.ends_with('x') && speedup.trim_end_matches('x').parse::<f64>().is_ok(),
+        "no speedup beside the batch: {line}"
+    );
+    let o = bench_engine("0", "", "4by40", &[]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("is not NxT"), "{}", stderr(&o));
 }
 
 #[test]

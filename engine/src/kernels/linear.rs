@@ -283,9 +283,23 @@ impl Part {
             _ => self.quantized.forward(x)?,
         })
     }
+
+    /// Whether a prefill product gives each row the same bits whatever rows share it:
+    /// the integer kernels do ([`super::int_gemm`]); f32 tiles round a partial tile
+    /// otherwise.
+    fn prefill_rows_independent(&self) -> bool {
+        matches!(&self.prefill, Some(Prefill::Tiles(t)) if t.integer.is_some())
+    }
 }
 
 impl Linear {
+    /// Whether prefill gives each row of this layer the same bits whatever rows share
+    /// the product (the adapters' low-rank updates are computed a row at a time).
+    pub(crate) fn prefill_rows_independent(&self) -> bool {
+        self.merged.iter().all(Option::is_none)
+            && self.parts.iter().all(Part::prefill_rows_independent)
+    }
+
     /// The layer with its adapters' updates (by slot) beside its weights.
     pub(crate) fn with_low_rank(mut self, low_rank: [Option<LowRank>; 2]) -> Self {
         self.low_rank = low_rank;

@@ -10,7 +10,7 @@ mod qwen3;
 mod transformer;
 
 pub use crate::kernels::{PrefillWeights, WeightPlan};
-pub use transformer::{rope_tables, KvCache, Transformer};
+pub use transformer::{rope_tables, KvCache, Transformer, PREFILL_CHUNK};
 
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;

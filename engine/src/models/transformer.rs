@@ -299,29 +299,135 @@ impl Transformer {
     /// [`Transformer::MAX_VERIFY`] rows in all take the kernels of one-token decoding, so
     /// each sequence gets exactly the logits it would get alone.
     pub fn forward_many(&self, inputs: &mut [(&[u32], &mut KvCache)]) -> Result<Vec<Tensor>> {
+        let total = self.check_many(inputs)?;
+        if total > Self::MAX_VERIFY {
+            return Err(Error::InvalidRequest(format!(
+                "forward_many takes 1 to {} tokens in all, got {total}",
+                Self::MAX_VERIFY
+            )));
+        }
+        let x = self.blocks_many(inputs, total)?;
+        let cfg = &self.config;
+        let x = crate::kernels::rowwise::rms_norm(&x, &self.norm, cfg.rms_eps)?;
+        let logits = self
+            .lm_head
+            .forward(&x)?
+            .to_dtype(DType::F32)?
+            .reshape((total, cfg.vocab_size))?;
+        let mut at = 0;
+        inputs
+            .iter()
+            .map(|(ids, _)| {
+                let rows = logits.narrow(0, at, ids.len())?;
+                at += ids.len();
+                Ok(rows)
+            })
+            .collect()
+    }
+
+    /// Prefills several prompts in one pass, each after what its own cache (of one
+    /// sequence) holds, and returns the logits after each one's last token, (1, vocab):
+    /// the projections multiply every prompt's rows as one matrix (each weight row is
+    /// read once for all of them; short prompts alone make small, slow products),
+    /// attention runs per prompt. Only where each row's product does not depend on the
+    /// rows beside it ([`Transformer::stacks_prefill`]), and only for inputs that
+    /// [`Transformer::forward`] would run alone as one chunk of
+    /// [`DENSE_MIN_ROWS`] rows or more ([`Transformer::stackable`]): then each prompt gets
+    /// exactly the logits, keys and values it gets alone.
+    pub fn prefill_many(&self, inputs: &mut [(&[u32], &mut KvCache)]) -> Result<Vec<Tensor>> {
+        let total = self.check_many(inputs)?;
+        if let Some((ids, cache)) = inputs
+            .iter()
+            .find(|(ids, cache)| !Self::stackable(cache.len, ids.len()))
+        {
+            return Err(Error::InvalidRequest(format!(
+                "prefill_many takes inputs of {DENSE_MIN_ROWS} or more tokens within one \
+                 {PREFILL_CHUNK}-token chunk, got {} after {}",
+                ids.len(),
+                cache.len
+            )));
+        }
+        if !self.stacks_prefill() {
+            return Err(Error::InvalidRequest(
+                "this model's prefill products are not row-exact: prompts prefill one at a time"
+                    .to_string(),
+            ));
+        }
+        let x = self.blocks_many(inputs, total)?;
+        let mut last = Vec::with_capacity(inputs.len());
+        let mut at = 0;
+        for (ids, _) in inputs.iter() {
+            at += ids.len();
+            last.push(x.narrow(1, at - 1, 1)?);
+        }
+        // The last rows through the output head a few at a time: fewer than
+        // DENSE_MIN_ROWS rows take the kernels a prompt's one last row takes alone.
+        let cfg = &self.config;
+        let mut out = Vec::with_capacity(last.len());
+        for rows in last.chunks(Self::MAX_VERIFY) {
+            let x = Tensor::cat(rows, 1)?;
+            let x = crate::kernels::rowwise::rms_norm(&x, &self.norm, cfg.rms_eps)?;
+            let logits = self
+                .lm_head
+                .forward(&x)?
+                .to_dtype(DType::F32)?
+                .reshape((rows.len(), cfg.vocab_size))?;
+            for i in 0..rows.len() {
+                out.push(logits.narrow(0, i, 1)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether [`Transformer::prefill_many`] takes `t` tokens after `len` cached ones:
+    /// [`Transformer::forward`] would run them as one chunk of at least
+    /// [`DENSE_MIN_ROWS`] rows, through the prefill products.
+    pub fn stackable(len: usize, t: usize) -> bool {
+        t >= DENSE_MIN_ROWS && len % PREFILL_CHUNK + t <= PREFILL_CHUNK
+    }
+
+    /// Whether every projection's prefill product gives a row the same bits whatever
+    /// rows share it (the integer kernels, on the CPU), so that prompts can prefill
+    /// together ([`Transformer::prefill_many`]).
+    pub fn stacks_prefill(&self) -> bool {
+        self.device.is_cpu()
+            && self.blocks.iter().all(|b| {
+                [&b.wqkv, &b.wo, &b.w_gate_up, &b.w_down]
+                    .iter()
+                    .all(|l| l.prefill_rows_independent())
+            })
+    }
+
+    /// The rows of several sequences' inputs in all, checked: one or more sequences,
+    /// each of one cache, all with the same weights.
+    fn check_many(&self, inputs: &[(&[u32], &mut KvCache)]) -> Result<usize> {
         let weights = inputs.first().map(|(_, cache)| cache.weights);
         if inputs
             .iter()
             .any(|(_, cache)| Some(cache.weights) != weights)
         {
             return Err(Error::InvalidRequest(
-                "forward_many takes sequences that all run with the same weights".to_string(),
+                "several sequences run together only with the same weights".to_string(),
             ));
         }
-        let adapted = weights.and_then(Weights::slot);
         let mut total = 0;
         for (ids, cache) in inputs.iter() {
             let (b, t) = self.check_input(&[ids.to_vec()], cache)?;
             debug_assert_eq!(b, 1);
             total += t;
         }
-        if inputs.is_empty() || total > Self::MAX_VERIFY {
-            return Err(Error::InvalidRequest(format!(
-                "forward_many takes 1 to {} tokens in all, got {total}",
-                Self::MAX_VERIFY
-            )));
+        if inputs.is_empty() {
+            return Err(Error::InvalidRequest("no sequence to run".to_string()));
         }
+        Ok(total)
+    }
+
+    /// Every block over several sequences' inputs (`total` rows in all) side by side:
+    /// the projections on all rows at once, attention per sequence in its own cache.
+    /// Returns the hidden states (1, total, n_embd) before the final norm.
+    fn blocks_many(&self, inputs: &mut [(&[u32], &mut KvCache)], total: usize) -> Result<Tensor> {
         let cfg = &self.config;
+        let adapted = inputs.first().and_then(|(_, cache)| cache.weights.slot());
         let all: Vec<u32> = inputs
             .iter()
             .flat_map(|(ids, _)| ids.iter().copied())
@@ -350,21 +456,7 @@ impl Transformer {
         for (ids, cache) in inputs.iter_mut() {
             cache.len += ids.len();
         }
-        let x = crate::kernels::rowwise::rms_norm(&x, &self.norm, cfg.rms_eps)?;
-        let logits = self
-            .lm_head
-            .forward(&x)?
-            .to_dtype(DType::F32)?
-            .reshape((total, cfg.vocab_size))?;
-        let mut at = 0;
-        inputs
-            .iter()
-            .map(|(ids, _)| {
-                let rows = logits.narrow(0, at, ids.len())?;
-                at += ids.len();
-                Ok(rows)
-            })
-            .collect()
+        Ok(x)
     }
 
     /// Self-attention of layer `layer` for the fused q/k/v projections `qkv` (b, t, ·) of

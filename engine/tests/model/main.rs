@@ -4,5 +4,6 @@
 mod conformance;
 mod generation;
 mod loader;
+mod prefill;
 mod support;
 mod tuning;
