@@ -1520,8 +1520,9 @@ pub struct BenchEngineArgs {
 
     /// Short prompts prefilled one at a time and together, as `N`x`T` (N prompts of T
     /// tokens each, as an answer's passages are): `ppTxN-alone` against `ppTxN`, the
-    /// prompts' rows multiplied as one matrix where the model's prefill is row-exact;
-    /// checks both give each prompt the same token. 0: none
+    /// prompts' rows multiplied as one matrix where the model's prefill is row-exact
+    /// (prompts of 16 to 512 tokens; longer ones prefill alone either way); checks both
+    /// give each prompt the same token. 0: none
     #[arg(long, value_name = "NxT", default_value = "24x96", value_parser = parse_stacked)]
     pub stacked: Stacked,
 
