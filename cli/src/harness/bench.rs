@@ -57,7 +57,8 @@ pub fn engine(global: &Settings, args: &BenchEngineArgs) -> Result<()> {
             }
             None => eprintln!(
                 "pp{tokens}x{n}: skipped: this model's prefill products are not row-exact \
-                 here (no integer kernel), so prompts prefill one at a time"
+                 here (a GPU, or no integer kernel for every type of its projections), so \
+                 prompts prefill one at a time"
             ),
         }
     }
@@ -189,7 +190,8 @@ fn print_engine_table(
         let rss = r.peak_rss_bytes.map_or("-".to_string(), |b| {
             format!("{:.0}", b as f64 / (1024.0 * 1024.0))
         });
-        // A drafted rewrite follows its plain run, a batch its sequences alone.
+        // A drafted rewrite follows its plain run, a batch (of rewrites or of short
+        // prompts' prefills) its sequences alone.
         let (speedup, accepted, per_pass) = match (&r.decoding, i.checked_sub(1)) {
             (None, Some(j))
                 if ((r.test.starts_with("bw") || r.test.starts_with("pp"))
