@@ -586,9 +586,7 @@ impl LocalModel {
                 waiting.push((i, cache, reused));
             } else {
                 let (logits, cache) = self.prefill_from(prompt, cache, reused, reuse)?;
-                seq.decoding.cached_prompt = reused;
-                seq.row = logits.squeeze(0)?.to_vec1()?;
-                seq.cache = Some(cache);
+                seq.prefilled(&logits, cache, reused)?;
                 seq.prefill_seconds = seq.start.elapsed().as_secs_f64();
             }
             seqs.push(seq);
@@ -618,9 +616,7 @@ impl LocalModel {
                 }
                 let seq = &mut seqs[i];
                 seq.start = start;
-                seq.decoding.cached_prompt = reused;
-                seq.row = logits.squeeze(0)?.to_vec1()?;
-                seq.cache = Some(cache);
+                seq.prefilled(&logits, cache, reused)?;
                 // The pass's time shared by rows.
                 seq.prefill_seconds = seconds * (seq.prompt.len() - reused) as f64 / rows as f64;
             }
@@ -663,9 +659,7 @@ impl LocalModel {
             let total = prompt.len() + options.max_new_tokens;
             let (logits, cache, reused) =
                 self.prefill(prompt, total, options.reuse_prefix, options.weights)?;
-            seq.decoding.cached_prompt = reused;
-            seq.row = logits.squeeze(0)?.to_vec1()?;
-            seq.cache = Some(cache);
+            seq.prefilled(&logits, cache, reused)?;
         }
         seq.prefill_seconds = start.elapsed().as_secs_f64();
         Ok(seq)
@@ -991,6 +985,20 @@ struct Sequence<'p> {
 }
 
 impl Sequence<'_> {
+    /// The sequence after its prompt's prefill: the logits after the prompt (1, vocab),
+    /// its cache, and how many prompt tokens came from the prefix cache.
+    fn prefilled(
+        &mut self,
+        logits: &candle_core::Tensor,
+        cache: KvCache,
+        reused: usize,
+    ) -> Result<()> {
+        self.decoding.cached_prompt = reused;
+        self.row = logits.squeeze(0)?.to_vec1()?;
+        self.cache = Some(cache);
+        Ok(())
+    }
+
     fn finish(&mut self, reason: StopReason, decode_start: Instant) {
         self.stop = Some(reason);
         self.cache = None;
