@@ -393,7 +393,11 @@ impl Linear {
             }
         };
         let y = match adapted.and_then(|slot| self.low_rank[slot].as_ref()) {
-            Some(low_rank) => (y + low_rank.forward(x)?)?,
+            Some(low_rank) => {
+                let y = y.contiguous()?;
+                low_rank.add_to(&y, &x.contiguous()?)?;
+                y
+            }
             None => y,
         };
         Ok(match &self.bias {

@@ -2,7 +2,7 @@
 //! layer chooses whether to add it, so the memory writer's calls run with the adapter it
 //! was trained for while answers run the base model, from one copy of the weights.
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 
 use crate::error::{Error, Result};
 
@@ -76,46 +76,135 @@ impl LowRank {
         }))
     }
 
-    /// `(x Aᵀ) Bᵀ` for `x` (..., k) on the CPU: (..., n). Each row is computed alone, the
-    /// same way whatever the number of rows, so adding it keeps a layer's rows exact.
-    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mut dims = x.dims().to_vec();
-        let rows = x.elem_count() / self.k.max(1);
-        let xs = x.flatten_all()?.to_vec1::<f32>()?;
-        let mut out = vec![0f32; rows * self.n];
-        let (x_ptr, out_ptr) = (xs.as_ptr() as usize, out.as_mut_ptr() as usize);
-        super::pool::for_chunks(rows, |range| {
-            let mut u = vec![0f32; self.r];
-            for row in range {
-                // SAFETY: `xs` holds `rows` rows of k and `out` rows of n, both outliving
+    /// `y + (x Aᵀ) Bᵀ` for `x` (..., k) and `y` (..., n) on the CPU, written into `y`.
+    /// Each row is computed alone, the same way whatever the number of rows (its update
+    /// summed from zero, then added to it), so adding it keeps a layer's rows exact.
+    pub(crate) fn add_to(&self, y: &Tensor, x: &Tensor) -> Result<()> {
+        y.inplace_op2(x, self)?;
+        Ok(())
+    }
+
+    /// Adds the update of each row of `x` to the same row of `y`.
+    fn add_rows(&self, y: &mut [f32], x: &[f32]) {
+        let rows = x.len() / self.k.max(1);
+        let (x_ptr, y_ptr) = (x.as_ptr() as usize, y.as_mut_ptr() as usize);
+        super::pool::for_chunks(rows.div_ceil(ROWS), |range| {
+            let mut u = vec![0f32; ROWS * self.r];
+            let mut delta = vec![0f32; self.n];
+            for group in range {
+                let first = group * ROWS;
+                let count = ROWS.min(rows - first);
+                // SAFETY: `x` holds `rows` rows of k and `y` rows of n, both outliving
                 // the pool call; each row is read and written by one task only.
                 let (x, y) = unsafe {
                     (
-                        std::slice::from_raw_parts((x_ptr as *const f32).add(row * self.k), self.k),
+                        std::slice::from_raw_parts(
+                            (x_ptr as *const f32).add(first * self.k),
+                            count * self.k,
+                        ),
                         std::slice::from_raw_parts_mut(
-                            (out_ptr as *mut f32).add(row * self.n),
-                            self.n,
+                            (y_ptr as *mut f32).add(first * self.n),
+                            count * self.n,
                         ),
                     )
                 };
-                for (j, u) in u.iter_mut().enumerate() {
-                    *u = dot(x, &self.a[j * self.k..(j + 1) * self.k]);
-                }
-                // y += u_j Bᵀ_j over each part's own ranks and outputs, in rank order.
-                for (ranks, outputs) in &self.blocks {
-                    let y = &mut y[outputs.clone()];
-                    for j in ranks.clone() {
-                        let b = &self.bt[j * self.n + outputs.start..j * self.n + outputs.end];
-                        for (y, b) in y.iter_mut().zip(b) {
-                            *y += u[j] * b;
+                for j in 0..self.r {
+                    let a = &self.a[j * self.k..(j + 1) * self.k];
+                    match count {
+                        ROWS => {
+                            let sums = dots(x, a, self.k);
+                            for (row, sum) in sums.into_iter().enumerate() {
+                                u[row * self.r + j] = sum;
+                            }
                         }
+                        _ => {
+                            for row in 0..count {
+                                u[row * self.r + j] = dot(&x[row * self.k..(row + 1) * self.k], a);
+                            }
+                        }
+                    }
+                }
+                for row in 0..count {
+                    let u = &u[row * self.r..(row + 1) * self.r];
+                    delta.fill(0.0);
+                    // The row's update, from zero: u_j Bᵀ_j over each part's own ranks and
+                    // outputs, in rank order; then added to its outputs.
+                    for (ranks, outputs) in &self.blocks {
+                        let d = &mut delta[outputs.clone()];
+                        for j in ranks.clone() {
+                            let b = &self.bt[j * self.n + outputs.start..j * self.n + outputs.end];
+                            for (d, b) in d.iter_mut().zip(b) {
+                                *d += u[j] * b;
+                            }
+                        }
+                    }
+                    for (y, d) in y[row * self.n..(row + 1) * self.n].iter_mut().zip(&delta) {
+                        *y += d;
                     }
                 }
             }
         });
-        *dims.last_mut().expect("rank >= 1") = self.n;
-        Ok(Tensor::from_vec(out, dims, &Device::Cpu)?)
     }
+}
+
+/// Rows of `x` whose updates are computed together: each weight row of A is read once
+/// for all of them, and their sums are independent chains, each summed as [`dot`] sums
+/// it alone.
+const ROWS: usize = 4;
+
+impl candle_core::InplaceOp2 for LowRank {
+    fn name(&self) -> &'static str {
+        "low-rank-add"
+    }
+
+    fn cpu_fwd(
+        &self,
+        y: &mut candle_core::CpuStorage,
+        y_layout: &candle_core::Layout,
+        x: &candle_core::CpuStorage,
+        x_layout: &candle_core::Layout,
+    ) -> candle_core::Result<()> {
+        let (candle_core::CpuStorage::F32(y), candle_core::CpuStorage::F32(x)) = (y, x) else {
+            candle_core::bail!("low-rank-add expects f32 tensors")
+        };
+        let (Some((ys, ye)), Some((xs, xe))) =
+            (y_layout.contiguous_offsets(), x_layout.contiguous_offsets())
+        else {
+            candle_core::bail!("low-rank-add expects contiguous tensors")
+        };
+        let (y, x) = (&mut y[ys..ye], &x[xs..xe]);
+        if x.len() % self.k.max(1) != 0 || y.len() != x.len() / self.k.max(1) * self.n {
+            candle_core::bail!(
+                "low-rank-add: {} inputs and {} outputs do not make rows of {} and {}",
+                x.len(),
+                y.len(),
+                self.k,
+                self.n
+            )
+        }
+        self.add_rows(y, x);
+        Ok(())
+    }
+}
+
+/// [`dot`] of each of the [`ROWS`] rows of `x` (rows of `k`) with `b`, each row's sum
+/// in the same order as [`dot`] takes.
+fn dots(x: &[f32], b: &[f32], k: usize) -> [f32; ROWS] {
+    let mut acc = [[0f32; 16]; ROWS];
+    let whole = k / 16 * 16;
+    for (c, cb) in b[..whole].chunks_exact(16).enumerate() {
+        for (row, acc) in acc.iter_mut().enumerate() {
+            let ca = &x[row * k + c * 16..row * k + c * 16 + 16];
+            for l in 0..16 {
+                acc[l] += ca[l] * cb[l];
+            }
+        }
+    }
+    std::array::from_fn(|row| {
+        let a = &x[row * k..(row + 1) * k];
+        let tail: f32 = a[whole..].iter().zip(&b[whole..]).map(|(x, y)| x * y).sum();
+        acc[row].iter().sum::<f32>() + tail
+    })
 }
 
 /// Σ aᵢbᵢ in a fixed order: 16 running sums over the whole blocks, then the tail.
@@ -133,6 +222,8 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 #[cfg(test)]
 mod tests {
+    use candle_core::Device;
+
     use super::*;
 
     fn values(n: usize, seed: u32) -> Vec<f32> {
@@ -144,6 +235,13 @@ mod tests {
                 (h % 2001) as f32 / 1000.0 - 1.0
             })
             .collect()
+    }
+
+    /// `y + (x Aᵀ) Bᵀ` as [`LowRank::add_to`] writes it, on a copy of `y`.
+    fn added(lr: &LowRank, y: &Tensor, x: &Tensor) -> Tensor {
+        let y = y.copy().unwrap();
+        lr.add_to(&y, x).unwrap();
+        y
     }
 
     #[test]
@@ -176,23 +274,34 @@ mod tests {
         )
         .unwrap();
         let x = Tensor::from_vec(values(15 * k, 5), (15, k), &dev).unwrap();
-        let want = x
-            .matmul(&delta.t().unwrap())
+        let y = Tensor::from_vec(values(15 * 14, 6), (15, 14), &dev).unwrap();
+        let want = (&y + x.matmul(&delta.t().unwrap()).unwrap())
             .unwrap()
             .to_vec2::<f32>()
             .unwrap();
-        let got = lr.forward(&x).unwrap().to_vec2::<f32>().unwrap();
+        let got = added(&lr, &y, &x).to_vec2::<f32>().unwrap();
         for (g, w) in got.iter().flatten().zip(want.iter().flatten()) {
             assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "{g} vs {w}");
         }
         // Part 1's outputs get nothing.
-        assert!(got.iter().all(|row| row[6..9].iter().all(|&v| v == 0.0)));
+        let before = y.to_vec2::<f32>().unwrap();
+        for (row, was) in got.iter().zip(&before) {
+            assert_eq!(row[6..9], was[6..9]);
+        }
         // Any number of rows gives each row the bits it gets alone.
         for count in 1..=15 {
-            let some = lr.forward(&x.narrow(0, 0, count).unwrap()).unwrap();
+            let some = added(
+                &lr,
+                &y.narrow(0, 0, count).unwrap(),
+                &x.narrow(0, 0, count).unwrap(),
+            );
             let some = some.to_vec2::<f32>().unwrap();
             for (r, row) in some.iter().enumerate() {
-                let alone = lr.forward(&x.narrow(0, r, 1).unwrap()).unwrap();
+                let alone = added(
+                    &lr,
+                    &y.narrow(0, r, 1).unwrap(),
+                    &x.narrow(0, r, 1).unwrap(),
+                );
                 assert_eq!(
                     row,
                     &alone.to_vec2::<f32>().unwrap()[0],
