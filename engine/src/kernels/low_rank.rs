@@ -112,14 +112,16 @@ impl LowRank {
                     let a = &self.a[j * self.k..(j + 1) * self.k];
                     match count {
                         ROWS => {
-                            let sums = dots(x, a, self.k);
+                            let sums = dots::<ROWS>(x, a, self.k);
                             for (row, sum) in sums.into_iter().enumerate() {
                                 u[row * self.r + j] = sum;
                             }
                         }
                         _ => {
                             for row in 0..count {
-                                u[row * self.r + j] = dot(&x[row * self.k..(row + 1) * self.k], a);
+                                let [sum] =
+                                    dots::<1>(&x[row * self.k..(row + 1) * self.k], a, self.k);
+                                u[row * self.r + j] = sum;
                             }
                         }
                     }
@@ -148,8 +150,8 @@ impl LowRank {
 }
 
 /// Rows of `x` whose updates are computed together: each weight row of A is read once
-/// for all of them, and their sums are independent chains, each summed as [`dot`] sums
-/// it alone.
+/// for all of them, and their sums are independent chains, each summed as it is alone
+/// ([`dots`]).
 const ROWS: usize = 4;
 
 impl candle_core::InplaceOp2 for LowRank {
@@ -187,10 +189,10 @@ impl candle_core::InplaceOp2 for LowRank {
     }
 }
 
-/// [`dot`] of each of the [`ROWS`] rows of `x` (rows of `k`) with `b`, each row's sum
-/// in the same order as [`dot`] takes.
-fn dots(x: &[f32], b: &[f32], k: usize) -> [f32; ROWS] {
-    let mut acc = [[0f32; 16]; ROWS];
+/// Σ aᵢbᵢ of each of the `N` rows of `x` (rows of `k`) with `b`, each row's sum in a
+/// fixed order whatever `N`: 16 running sums over the whole blocks of 16, then the tail.
+fn dots<const N: usize>(x: &[f32], b: &[f32], k: usize) -> [f32; N] {
+    let mut acc = [[0f32; 16]; N];
     let whole = k / 16 * 16;
     for (c, cb) in b[..whole].chunks_exact(16).enumerate() {
         for (row, acc) in acc.iter_mut().enumerate() {
@@ -205,19 +207,6 @@ fn dots(x: &[f32], b: &[f32], k: usize) -> [f32; ROWS] {
         let tail: f32 = a[whole..].iter().zip(&b[whole..]).map(|(x, y)| x * y).sum();
         acc[row].iter().sum::<f32>() + tail
     })
-}
-
-/// Σ aᵢbᵢ in a fixed order: 16 running sums over the whole blocks, then the tail.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 16];
-    let whole = a.len() / 16 * 16;
-    for (ca, cb) in a[..whole].chunks_exact(16).zip(b[..whole].chunks_exact(16)) {
-        for l in 0..16 {
-            acc[l] += ca[l] * cb[l];
-        }
-    }
-    let tail: f32 = a[whole..].iter().zip(&b[whole..]).map(|(x, y)| x * y).sum();
-    acc.iter().sum::<f32>() + tail
 }
 
 #[cfg(test)]
