@@ -7,7 +7,7 @@ use memagent_engine::words::{sentences, stems};
 use memagent_recall::dates;
 use memagent_recall::passages::{
     answer_context, bearing_sentences, coverage, holds_any, names, rarest_words, relevant_notes,
-    turn_speaker, turn_time, written_coverage,
+    times_once, turn_speaker, turn_time, written_coverage,
 };
 use memagent_store::MemoryVersion;
 
@@ -123,9 +123,15 @@ pub fn answer_with_evidence(
             notes,
         });
     }
+    // The reader learned a sitting's time once, on its first turn; the passages were
+    // chosen as if every turn showed it (more passages in the budget read worse).
+    let shown: Vec<Vec<String>> = asked
+        .iter()
+        .map(|a| a.units.iter().map(|(_, t)| times_once(t)).collect())
+        .collect();
     let mut prompts: Vec<(&str, &str, &str)> = Vec::new();
-    for (question, a) in questions.iter().zip(&asked) {
-        for (_, text) in &a.units {
+    for ((question, a), shown) in questions.iter().zip(&asked).zip(&shown) {
+        for text in shown {
             prompts.push((question, "", text));
         }
         if let Some(notes) = &a.notes {

@@ -323,6 +323,38 @@ pub fn focus_turns(passage: &str, question: &str, keep: usize) -> String {
         .join(" … ")
 }
 
+/// `shown` (a chat passage as [`focus_turns`] shows it) with each turn's time left off
+/// where the turn shown before it carried the same time: a sitting's turns all carry
+/// its time, and "[2023-05-08 13:56] " is 18 of SmolLM2's tokens a turn.
+pub fn times_once(shown: &str) -> String {
+    let mut out = String::with_capacity(shown.len());
+    let mut last: Option<&str> = None;
+    for (i, run) in shown.split(" … ").enumerate() {
+        if i > 0 {
+            out.push_str(" … ");
+        }
+        for (j, line) in run.split('\n').enumerate() {
+            if j > 0 {
+                out.push('\n');
+            }
+            let stamp = line
+                .strip_prefix('[')
+                .and_then(|r| r.find("] "))
+                .map(|k| &line[..k + 3])
+                .filter(|_| is_turn(line));
+            match stamp {
+                Some(s) if last == Some(s) => out.push_str(&line[s.len()..]),
+                Some(s) => {
+                    last = Some(s);
+                    out.push_str(line);
+                }
+                None => out.push_str(line),
+            }
+        }
+    }
+    out
+}
+
 /// The sentences of `passage` that share a word with `question`, in their order; the
 /// whole passage when none does. A small model asked for every value gives one per
 /// prompt, so a passage holding two is asked once per sentence.
@@ -737,6 +769,33 @@ mod tests {
         let two =
             "[2023-05-08 13:56] user (Ben): Woodworking?\n[2023-05-08 13:57] user (Ana): Yes.";
         assert_eq!(focus_turns(two, "Did Ana say yes to woodworking?", 2), two);
+    }
+
+    /// A turn's time is shown where it changes: first in the passage, after another
+    /// time, across the runs " … " joins; a line that is not a turn keeps its text.
+    #[test]
+    fn a_time_is_shown_where_it_changes() {
+        let shown = "and the rain stopped by noon.\n\
+            [2023-05-08 13:56] user (Ana): Did you finish the class?\n\
+            [2023-05-08 13:56] user (Ben): Yes! A stool,\n\
+            [2023-05-08 13:56] sanded smooth.\n\
+            [2023-05-08 13:58] user (Cid): The traffic was awful. … \
+            [2023-05-08 13:58] user (Ana): Same here. … \
+            [2023-06-01 09:00] user (Ben): New month.\n\
+            [2023-06-01 09:00] user (Ana): Indeed.";
+        assert_eq!(
+            times_once(shown),
+            "and the rain stopped by noon.\n\
+             [2023-05-08 13:56] user (Ana): Did you finish the class?\n\
+             user (Ben): Yes! A stool,\n\
+             [2023-05-08 13:56] sanded smooth.\n\
+             [2023-05-08 13:58] user (Cid): The traffic was awful. … \
+             user (Ana): Same here. … \
+             [2023-06-01 09:00] user (Ben): New month.\n\
+             user (Ana): Indeed."
+        );
+        let plain = "[2023-05-08 13:56] Notes.\n[2023-05-08 13:56] More notes.";
+        assert_eq!(times_once(plain), plain);
     }
 
     #[test]

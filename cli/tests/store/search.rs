@@ -22,6 +22,25 @@ fn search(dir: &Path, args: &[&str]) -> Vec<Value> {
         .unwrap_or_default()
 }
 
+/// One turn of a chat log in chat-jsonl form, with its line's end.
+fn chat_line(name: &str, content: &str, time: &str) -> String {
+    let line = serde_json::json!({
+        "role": "user", "name": name, "content": content, "timestamp": time,
+    });
+    format!("{line}\n")
+}
+
+/// `log` (chat-jsonl) ingested as the stream `talk`, without memory steps.
+fn ingest_talk(dir: &Path, log: &str) {
+    let file = dir.join("talk.jsonl");
+    std::fs::write(&file, log).unwrap();
+    let o = run(
+        dir,
+        &["ingest", "talk", file.to_str().unwrap(), "--no-process"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
 /// Notes of many paragraphs, one of which holds the fact.
 fn notes() -> String {
     let filler = std::fs::read_to_string(
@@ -532,10 +551,7 @@ fn a_question_asking_when_gets_the_turn_s_resolved_date_from_every_passage_found
     // after it happened, and Porto comes up again later without it.
     let mut log = String::new();
     let mut turn = |name: &str, content: &str, time: &str| {
-        let line = serde_json::json!({
-            "role": "user", "name": name, "content": content, "timestamp": time,
-        });
-        log.push_str(&format!("{line}\n"));
+        log.push_str(&chat_line(name, content, time));
     };
     let mut said = sentences.iter().cycle();
     for day in 8..14 {
@@ -552,14 +568,7 @@ fn a_question_asking_when_gets_the_turn_s_resolved_date_from_every_passage_found
             turn(name, &content, &time);
         }
     }
-    let file = dir.join("talk.jsonl");
-    std::fs::write(&file, log).unwrap();
-    assert!(run(
-        &dir,
-        &["ingest", "talk", file.to_str().unwrap(), "--no-process"]
-    )
-    .status
-    .success());
+    ingest_talk(&dir, &log);
     // A budget smaller than any passage: the date is read by code from every passage
     // found, and no model reads them.
     let answer = json(&run(
@@ -586,5 +595,121 @@ fn a_question_asking_when_gets_the_turn_s_resolved_date_from_every_passage_found
     assert!(
         cited[0].contains("(Ana): I flew to Porto yesterday"),
         "{answer:#}"
+    );
+}
+
+/// A sitting's turns all carry its time, and an answer's prompt shows it once: on the
+/// first turn of the sitting it shows, not on the turns after it (18 of SmolLM2's tokens
+/// a turn). The prompts are read where a served model would get them: a loopback server
+/// speaking the OpenAI protocol stands in for it.
+#[test]
+fn an_answer_s_prompt_shows_a_sitting_s_time_once() {
+    use std::sync::{Arc, Mutex};
+
+    let dir = data_dir("search-times-once");
+    let mut log = String::new();
+    let sittings = [
+        (
+            "2024-03-11 18:30",
+            [
+                ("Ana", "Did you finish the woodworking class?"),
+                ("Ben", "Yes! I made a stool and two shelves."),
+                ("Ana", "Nice, what wood did you use for them?"),
+                ("Ben", "Oak for the stool, pine for the shelves."),
+            ],
+        ),
+        (
+            "2024-03-12 09:15",
+            [
+                ("Ben", "Morning! The woodworking teacher liked my stool."),
+                ("Ana", "Of course she did, it is lovely."),
+                ("Ben", "She asked me to teach the next class."),
+                ("Ana", "Great news, congratulations!"),
+            ],
+        ),
+    ];
+    for (time, turns) in &sittings {
+        for (name, content) in turns {
+            log.push_str(&chat_line(name, content, time));
+        }
+    }
+    ingest_talk(&dir, &log);
+
+    let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").unwrap());
+    let port = server.server_addr().to_ip().unwrap().port();
+    let prompts: Arc<Mutex<Vec<String>>> = Arc::default();
+    let thread = {
+        let (server, prompts) = (Arc::clone(&server), Arc::clone(&prompts));
+        std::thread::spawn(move || {
+            for mut request in server.incoming_requests() {
+                let mut text = String::new();
+                request.as_reader().read_to_string(&mut text).unwrap();
+                let body: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+                if let Some(content) = body["messages"][0]["content"].as_str() {
+                    prompts.lock().unwrap().push(content.to_string());
+                }
+                let reply = serde_json::json!({
+                    "choices": [{"message": {"role": "assistant", "content": "A stool."},
+                                 "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 50, "completion_tokens": 3},
+                });
+                let header =
+                    tiny_http::Header::from_bytes("Content-Type", "application/json").unwrap();
+                let status = match request.url() {
+                    "/v1/chat/completions" => 200,
+                    _ => 404,
+                };
+                let _ = request.respond(
+                    tiny_http::Response::from_string(reply.to_string())
+                        .with_status_code(status)
+                        .with_header(header),
+                );
+            }
+        })
+    };
+    let base = format!("http://127.0.0.1:{port}/v1");
+    let model = crate::model_path();
+    let o = run(
+        &dir,
+        &[
+            "query",
+            "talk",
+            "What did Ben make in the woodworking class?",
+            "--json",
+            "--backend",
+            "openai",
+            "--base-url",
+            &base,
+            "--remote-model",
+            "stand-in",
+            "--tokenizer",
+            model.to_str().unwrap(),
+        ],
+    );
+    server.unblock();
+    thread.join().unwrap();
+    let answer = json(&o);
+    let prompts = prompts.lock().unwrap();
+    let passages: Vec<&str> = prompts
+        .iter()
+        .filter_map(|p| p.split("Passage: ").nth(1))
+        .filter_map(|p| p.split("\n\nAnswer the question").next())
+        .collect();
+    assert!(!passages.is_empty(), "{answer:#} {prompts:?}");
+    let mut turns = 0;
+    for passage in &passages {
+        for (time, said) in &sittings {
+            let shown = said
+                .iter()
+                .filter(|(name, content)| passage.contains(&format!("user ({name}): {content}")))
+                .count();
+            turns += shown;
+            let stamps = passage.matches(&format!("[{time}] user (")).count();
+            assert_eq!(stamps, usize::from(shown > 0), "{time} in {passage}");
+        }
+    }
+    assert!(
+        turns > passages.len(),
+        "more turns than sittings: {passages:?}"
     );
 }

@@ -1,14 +1,15 @@
 //! Answers from chat exchanges: the passages an answer reads from a chat log. A passage
-//! is a few dated turns of two people talking (as `memctl search` shows a chat log's
-//! turns, `[2023-05-08 13:56] user (Ana): …`, a relative date followed by the day it
-//! means), and the fact asked about is said in a reply: the other speaker asks ("How
-//! was your weekend?"), the one asked about answers in their own words ("We drove up
-//! to Porto!"), and the question ("Where did Ana go on the weekend?") shares few of the
-//! reply's words. The answer is the reply's few words that answer it, or "not known"
-//! when the passage does not say: the exchange is missing, or the other speaker said it
-//! of themselves. Around it, the speakers' other exchanges (values of the same kind
-//! among them) and small talk; now and then the passage opens on the end of a turn cut
-//! by the window.
+//! is a few turns of two people talking in one sitting, as an answer's prompt shows a
+//! chat log's turns: the sitting's time on its first turn
+//! (`[2023-05-08 13:56] user (Ana): …`), left off the turns after it (`user (Ben): …`),
+//! a relative date followed by the day it means. The fact asked about is said in a
+//! reply: the other speaker asks ("How was your weekend?"), the one asked about answers
+//! in their own words ("We drove up to Porto!"), and the question ("Where did Ana go on
+//! the weekend?") shares few of the reply's words. The answer is the reply's few words
+//! that answer it, or "not known" when the passage does not say: the exchange is
+//! missing, or the other speaker said it of themselves. Around it, the speakers' other
+//! exchanges (values of the same kind among them) and small talk; now and then the
+//! passage opens on the end of a turn cut by the window.
 
 use chrono::{Duration, NaiveDate};
 use memagent_agent::PASSAGE_ANSWER;
@@ -526,8 +527,13 @@ pub(super) fn dialogue_example(p: &Patterns, unknown_share: f64, rng: &mut StdRn
         let words: Vec<&str> = cut.split(' ').collect();
         lines.push(words[words.len() / 2..].join(" "));
     }
-    for (speaker, text) in turns {
-        lines.push(format!("[{stamp}] user ({}): {text}", names[speaker]));
+    // A sitting's turns share its time, shown once, as an answer's prompt shows them
+    // (`memagent_recall::passages::times_once`).
+    for (i, (speaker, text)) in turns.into_iter().enumerate() {
+        match i {
+            0 => lines.push(format!("[{stamp}] user ({}): {text}", names[speaker])),
+            _ => lines.push(format!("user ({}): {text}", names[speaker])),
+        }
     }
     let passage = lines.join("\n");
     let (answer, values) = if told {
