@@ -6,8 +6,8 @@ use memagent_agent::{AnswerReport, MemoryAgent, TextTokenizer, PASSAGE_ANSWER};
 use memagent_engine::words::{sentences, stems};
 use memagent_recall::dates;
 use memagent_recall::passages::{
-    answer_context, bearing_sentences, coverage, holds_any, names, rarest_words, relevant_notes,
-    times_once, turn_speaker, turn_time, written_coverage,
+    answer_context, bearing_sentences, coverage, holds_any, is_turn, names, rarest_words,
+    relevant_notes, times_once, turn_speaker, turn_time, written_coverage,
 };
 use memagent_store::MemoryVersion;
 
@@ -58,9 +58,10 @@ pub(crate) const WHEN_SCALE: usize = 2;
 /// [`LIST_SCALE`] times `budget` of passages and gets the answers of every passage that
 /// says, oldest first; any other question gets the newest passage's answer
 /// (a fact said again later replaces what was said before), then the notes', then "not
-/// mentioned". A question asking when gets the date of the turn that bears on it most
-/// among every passage found, without the model, when that turn's date is known (see
-/// [`WHEN_SCALE`]). A question that names someone or something that neither the passages
+/// mentioned"; an answer that only repeats a turn's time or label ("2024-03-11 09:40",
+/// "user (Ana): …") counts as the passage not telling. A question asking when gets the
+/// date of the turn that bears on it most among every passage found, without the model,
+/// when that turn's date is known (see [`WHEN_SCALE`]). A question that names someone or something that neither the passages
 /// found nor the memory mention is answered "not mentioned" without the model (see
 /// [`unmentioned`]), with no passage; so is a question about one speaker of a chat whose
 /// turns bearing on it are another's (see [`said_by_another`]), with its passages. Each
@@ -169,7 +170,9 @@ pub fn answer_with_evidence(
             .map(|(_, text)| {
                 let reply = replies.next().expect("one reply per passage");
                 tracing::debug!("{question:?} from {text:?}: {:?}", reply.0.answer);
-                said(reply)
+                // A time or a label repeated says nothing of the question (a turn's
+                // date answers "when", which reads it so).
+                said(reply).filter(|s| asks_when(question) || !frames_a_turn(s, text))
             })
             .collect();
         let asked = a.units.len() + usize::from(a.notes.is_some());
@@ -276,6 +279,25 @@ fn read(
         .map(|r| r.expect("one reply per prompt"))
         .collect();
     Ok((replies, again))
+}
+
+/// Whether `answer` is only what frames a turn of `passage` rather than anything said in
+/// it: a turn's time ("2024-03-11 09:40", or its clock "09:40") or a turn line copied
+/// with its label ("user (Ana): …").
+fn frames_a_turn(answer: &str, passage: &str) -> bool {
+    let a = answer.trim().trim_end_matches('.').trim_end();
+    if a.is_empty() {
+        return false;
+    }
+    is_turn(a)
+        || passage
+            .split(['\n', '…'])
+            .filter_map(|line| turn_time(line.trim_start()))
+            .any(|time| {
+                time == a
+                    || time.strip_suffix(a).is_some_and(|d| d.ends_with(' '))
+                    || time.strip_prefix(a).is_some_and(|c| c.starts_with(' '))
+            })
 }
 
 /// Whether every word of `answer` is one of `passage`'s, as written or nearly
@@ -1002,6 +1024,33 @@ mod tests {
         assert!(copied("a librarien", passage));
         assert!(copied("Librarians.", passage));
         assert!(!copied("a dentist", passage));
+    }
+
+    #[test]
+    fn an_answer_that_only_frames_a_turn_says_nothing() {
+        let passage = "[2024-03-11 09:40] user (Ana): I moved to Porto with my aunt.\n\
+                       user (Ben): Nice! … [2024-03-12 09:00] user (Ben): How is Porto?";
+        // A turn's time, its clock or its day, a turn copied with its label.
+        for framing in [
+            "2024-03-11 09:40",
+            "09:40.",
+            "2024-03-11",
+            "09:00",
+            "user (Ana): I moved to Porto with my aunt.",
+        ] {
+            assert!(frames_a_turn(framing, passage), "{framing}");
+        }
+        // What a turn says, or a time no turn shows.
+        for said in [
+            "Porto.",
+            "with my aunt",
+            "18:30",
+            "11 March 2024",
+            "2024",
+            "03-11",
+        ] {
+            assert!(!frames_a_turn(said, passage), "{said}");
+        }
     }
 
     #[test]
