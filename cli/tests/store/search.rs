@@ -41,6 +41,68 @@ fn ingest_talk(dir: &Path, log: &str) {
     assert!(o.status.success(), "{}", stderr(&o));
 }
 
+/// `memctl query talk QUESTION --json` answered by a loopback server that speaks the
+/// OpenAI protocol (the stand-in for a served model), replying `reply(prompt)` to each
+/// prompt: the answer, and every prompt it was asked.
+fn query_stand_in(dir: &Path, question: &str, reply: fn(&str) -> String) -> (Value, Vec<String>) {
+    use std::sync::{Arc, Mutex};
+
+    let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").unwrap());
+    let port = server.server_addr().to_ip().unwrap().port();
+    let prompts: Arc<Mutex<Vec<String>>> = Arc::default();
+    let thread = {
+        let (server, prompts) = (Arc::clone(&server), Arc::clone(&prompts));
+        std::thread::spawn(move || {
+            for mut request in server.incoming_requests() {
+                let mut text = String::new();
+                request.as_reader().read_to_string(&mut text).unwrap();
+                let body: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+                let content = body["messages"][0]["content"].as_str().unwrap_or_default();
+                prompts.lock().unwrap().push(content.to_string());
+                let reply = serde_json::json!({
+                    "choices": [{"message": {"role": "assistant", "content": reply(content)},
+                                 "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 50, "completion_tokens": 3},
+                });
+                let header =
+                    tiny_http::Header::from_bytes("Content-Type", "application/json").unwrap();
+                let status = match request.url() {
+                    "/v1/chat/completions" => 200,
+                    _ => 404,
+                };
+                let _ = request.respond(
+                    tiny_http::Response::from_string(reply.to_string())
+                        .with_status_code(status)
+                        .with_header(header),
+                );
+            }
+        })
+    };
+    let base = format!("http://127.0.0.1:{port}/v1");
+    let model = crate::model_path();
+    let o = run(
+        dir,
+        &[
+            "query",
+            "talk",
+            question,
+            "--json",
+            "--backend",
+            "openai",
+            "--base-url",
+            &base,
+            "--remote-model",
+            "stand-in",
+            "--tokenizer",
+            model.to_str().unwrap(),
+        ],
+    );
+    server.unblock();
+    thread.join().unwrap();
+    let prompts = prompts.lock().unwrap().clone();
+    (json(&o), prompts)
+}
+
 /// Notes of many paragraphs, one of which holds the fact.
 fn notes() -> String {
     let filler = std::fs::read_to_string(
@@ -604,8 +666,6 @@ fn a_question_asking_when_gets_the_turn_s_resolved_date_from_every_passage_found
 /// speaking the OpenAI protocol stands in for it.
 #[test]
 fn an_answer_s_prompt_shows_a_sitting_s_time_once() {
-    use std::sync::{Arc, Mutex};
-
     let dir = data_dir("search-times-once");
     let mut log = String::new();
     let sittings = [
@@ -635,61 +695,10 @@ fn an_answer_s_prompt_shows_a_sitting_s_time_once() {
     }
     ingest_talk(&dir, &log);
 
-    let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").unwrap());
-    let port = server.server_addr().to_ip().unwrap().port();
-    let prompts: Arc<Mutex<Vec<String>>> = Arc::default();
-    let thread = {
-        let (server, prompts) = (Arc::clone(&server), Arc::clone(&prompts));
-        std::thread::spawn(move || {
-            for mut request in server.incoming_requests() {
-                let mut text = String::new();
-                request.as_reader().read_to_string(&mut text).unwrap();
-                let body: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-                if let Some(content) = body["messages"][0]["content"].as_str() {
-                    prompts.lock().unwrap().push(content.to_string());
-                }
-                let reply = serde_json::json!({
-                    "choices": [{"message": {"role": "assistant", "content": "A stool."},
-                                 "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 50, "completion_tokens": 3},
-                });
-                let header =
-                    tiny_http::Header::from_bytes("Content-Type", "application/json").unwrap();
-                let status = match request.url() {
-                    "/v1/chat/completions" => 200,
-                    _ => 404,
-                };
-                let _ = request.respond(
-                    tiny_http::Response::from_string(reply.to_string())
-                        .with_status_code(status)
-                        .with_header(header),
-                );
-            }
-        })
-    };
-    let base = format!("http://127.0.0.1:{port}/v1");
-    let model = crate::model_path();
-    let o = run(
-        &dir,
-        &[
-            "query",
-            "talk",
-            "What did Ben make in the woodworking class?",
-            "--json",
-            "--backend",
-            "openai",
-            "--base-url",
-            &base,
-            "--remote-model",
-            "stand-in",
-            "--tokenizer",
-            model.to_str().unwrap(),
-        ],
-    );
-    server.unblock();
-    thread.join().unwrap();
-    let answer = json(&o);
-    let prompts = prompts.lock().unwrap();
+    let (answer, prompts) =
+        query_stand_in(&dir, "What did Ben make in the woodworking class?", |_| {
+            "A stool.".into()
+        });
     let passages: Vec<&str> = prompts
         .iter()
         .filter_map(|p| p.split("Passage: ").nth(1))
@@ -712,4 +721,33 @@ fn an_answer_s_prompt_shows_a_sitting_s_time_once() {
         turns > passages.len(),
         "more turns than sittings: {passages:?}"
     );
+}
+
+/// A reply that repeats a turn's time says nothing of the question: the passage did not
+/// tell, and the answer is "not mentioned" rather than the time.
+#[test]
+fn an_answer_that_repeats_a_turn_s_time_is_not_an_answer() {
+    let dir = data_dir("search-time-repeated");
+    let log: String = [
+        ("Ana", "How long have you been doing pottery?"),
+        ("Ben", "Three years now, and I still love it."),
+    ]
+    .iter()
+    .map(|(name, content)| chat_line(name, content, "2024-03-11 09:40"))
+    .collect();
+    ingest_talk(&dir, &log);
+    // The stand-in answers every passage with the clock of the time it shows.
+    let clock = |prompt: &str| -> String {
+        let end = prompt.find("] user (").unwrap_or(0);
+        format!("{}.", &prompt[end.saturating_sub(5)..end])
+    };
+    let (answer, prompts) = query_stand_in(&dir, "How long has Ben been doing pottery?", clock);
+    let asked: Vec<&String> = prompts.iter().filter(|p| p.contains("Passage: ")).collect();
+    assert!(!asked.is_empty(), "{answer:#}");
+    for prompt in &asked {
+        assert_eq!(clock(prompt), "09:40.", "{prompt}");
+    }
+    let said = answer["answer"].as_str().unwrap();
+    assert!(!said.contains("09:40"), "{answer:#}");
+    assert!(said.starts_with("Not mentioned"), "{answer:#}");
 }
