@@ -1077,8 +1077,8 @@ pub enum BenchCommand {
     /// seconds and model calls per question. Resumable:
     /// results are saved as each question is answered
     #[command(after_help = "The JSON Lines format, one object per line:\n  \
-        {\"conversation\": \"trip\", \"id\": \"t1\", \"name\": \"Gina\", \"content\": \"I flew to Rome yesterday.\", \"timestamp\": \"2023-05-11 14:02\"}\n  \
-        {\"conversation\": \"trip\", \"question\": \"When did Gina fly to Rome?\", \"answer\": \"10 May 2023\", \"evidence\": [\"t1\"], \"category\": \"temporal\"}\n\n\
+        {\"conversation\": \"trip\", \"id\": \"t1\", \"name\": \"Ana\", \"content\": \"I flew to Rome yesterday.\", \"timestamp\": \"2023-05-11 14:02\"}\n  \
+        {\"conversation\": \"trip\", \"question\": \"When did Ana fly to Rome?\", \"answer\": \"10 May 2023\", \"evidence\": [\"t1\"], \"category\": \"temporal\"}\n\n\
         Categories: single-hop, multi-hop, temporal, open-domain, adversarial (no answer: the right \
         answer says it is not mentioned).\n\n\
         Example:\n  memctl bench qa --data ../shared/data/locomo-dev/locomo-dev.json --every 4 --no-memory --out qa-run")]

@@ -590,7 +590,7 @@ fn new_text_is_leased_ahead_of_backlog_and_backlogs_take_turns() {
     }
     // Created last (the highest id), with a turn of new text: leased first.
     store
-        .append("chat", b"Gina: I flew to Rome yesterday.\n", None)
+        .append("chat", b"Ana: I flew to Rome yesterday.\n", None)
         .unwrap();
     let id = |name: &str| store.stream(name).unwrap().unwrap().id;
     let first = store.take_leases("d1", 1, 60_000, fresh_bytes).unwrap();

@@ -6,8 +6,8 @@
 //! The JSON Lines format has two kinds of lines, each naming its `conversation`:
 //!
 //! ```text
-//! {"conversation": "trip", "id": "t1", "name": "Gina", "content": "I flew to Rome yesterday.", "timestamp": "2023-05-11 14:02"}
-//! {"conversation": "trip", "question": "When did Gina fly to Rome?", "answer": "10 May 2023", "evidence": ["t1"], "category": "temporal"}
+//! {"conversation": "trip", "id": "t1", "name": "Ana", "content": "I flew to Rome yesterday.", "timestamp": "2023-05-11 14:02"}
+//! {"conversation": "trip", "question": "When did Ana fly to Rome?", "answer": "10 May 2023", "evidence": ["t1"], "category": "temporal"}
 //! ```
 //!
 //! A turn may also carry `role` (default `user`); `id` is what a question's `evidence`
@@ -447,12 +447,12 @@ mod tests {
         let own = dir.join("own.jsonl");
         std::fs::write(
             &own,
-            "{\"conversation\": \"trip\", \"id\": \"t1\", \"name\": \"Gina\", \"content\": \"I flew to Rome yesterday.\", \"timestamp\": \"2023-05-11 14:02\"}\n\
-             {\"conversation\": \"trip\", \"question\": \"When did Gina fly?\", \"answer\": \"10 May 2023\", \"evidence\": [\"t1\"], \"category\": \"temporal\"}\n",
+            "{\"conversation\": \"trip\", \"id\": \"t1\", \"name\": \"Ana\", \"content\": \"I flew to Rome yesterday.\", \"timestamp\": \"2023-05-11 14:02\"}\n\
+             {\"conversation\": \"trip\", \"question\": \"When did Ana fly?\", \"answer\": \"10 May 2023\", \"evidence\": [\"t1\"], \"category\": \"temporal\"}\n",
         )
         .unwrap();
         let convs = load_conversations(&own).unwrap();
-        assert_eq!(convs[0].turns[0].speaker, "Gina");
+        assert_eq!(convs[0].turns[0].speaker, "Ana");
         assert_eq!(convs[0].questions[0].category, Category::Temporal);
         std::fs::write(&own, "{\"conversation\": \"x\", \"nothing\": 1}\n").unwrap();
         let err = load_conversations(&own).unwrap_err().to_string();

@@ -11,14 +11,9 @@ fn the_direct_baseline_reads_a_short_conversation_whole() {
     std::fs::create_dir_all(&dir).unwrap();
     let data = dir.join("trip.jsonl");
     let turns = [
-        ("t1", "Gina", "I flew to Rome yesterday.", "14:02"),
-        ("t2", "Jon", "Nice! I stayed home and baked bread.", "14:03"),
-        (
-            "t3",
-            "Gina",
-            "The Colosseum was my favourite part.",
-            "14:05",
-        ),
+        ("t1", "Ana", "I flew to Rome yesterday.", "14:02"),
+        ("t2", "Ben", "Nice! I stayed home and baked bread.", "14:03"),
+        ("t3", "Ana", "The Colosseum was my favourite part.", "14:05"),
     ];
     let mut lines: Vec<String> = turns
         .iter()
@@ -29,7 +24,7 @@ fn the_direct_baseline_reads_a_short_conversation_whole() {
         })
         .collect();
     lines.push(
-        serde_json::json!({"conversation": "trip", "question": "What did Jon bake?",
+        serde_json::json!({"conversation": "trip", "question": "What did Ben bake?",
             "answer": "bread", "evidence": ["t2"], "category": "single-hop"})
         .to_string(),
     );
