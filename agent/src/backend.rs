@@ -67,6 +67,18 @@ pub trait Backend {
             .collect()
     }
 
+    /// The mean natural log-probability of `reply`'s tokens as the reply to
+    /// `user_message`, with the base model's weights (a passage ranked by the
+    /// question's likelihood). Only a local model has them; a remote server's chat
+    /// completions do not score a given reply.
+    fn reply_log_probability(&self, _user_message: &str, _reply: &str) -> Result<f64> {
+        Err(crate::Error::InvalidRequest(format!(
+            "{} cannot score a given reply: ranking passages by the question's likelihood \
+             needs the local model (--backend local)",
+            self.model_name()
+        )))
+    }
+
     /// One assistant reply to a whole conversation (system, user and assistant
     /// messages). A backend without a conversation call of its own gets it as one user
     /// message, a `role: content` line per message.
@@ -136,6 +148,15 @@ impl Backend for LocalModel {
         let start = Instant::now();
         let reply = self.generate_chat(messages, options)?;
         Ok(local_completion(reply, start.elapsed().as_secs_f64()))
+    }
+
+    fn reply_log_probability(&self, user_message: &str, reply: &str) -> Result<f64> {
+        Ok(LocalModel::reply_log_probability(
+            self,
+            &[Message::user(user_message)],
+            reply,
+            Weights::Base,
+        )?)
     }
 
     fn complete_batch(

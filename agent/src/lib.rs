@@ -336,6 +336,11 @@ impl<'a> MemoryAgent<'a> {
         self.tokenizer
     }
 
+    /// The backend the agent's replies come from.
+    pub fn backend(&self) -> &'a dyn Backend {
+        self.backend
+    }
+
     fn prompt_tokens(&self, message: &str) -> Result<usize> {
         match self.backend.chat_prompt_tokens(message)? {
             Some(n) => Ok(n),

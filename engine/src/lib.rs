@@ -53,5 +53,5 @@ pub use model::{
     PrefillWeights, StopReason, WeightPlan, DEFAULT_DRAFT_TOKENS,
 };
 pub use models::{rope_tables, Architecture, Config, KvCache, Transformer};
-pub use sampling::{argmax, SamplingParams};
+pub use sampling::{argmax, log_probability, SamplingParams};
 pub use tokenizer::Tokenizer;

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::models::{Config, KvCache, Transformer};
 use crate::prefix::{PrefixCache, PrefixCacheStats};
-use crate::sampling::{argmax, Sampler, SamplingParams};
+use crate::sampling::{argmax, log_probability, Sampler, SamplingParams};
 use crate::tokenizer::Tokenizer;
 
 pub use crate::models::{PrefillWeights, WeightPlan};
@@ -417,6 +417,56 @@ impl LocalModel {
     /// Token ids of a rendered chat prompt (the template writes any BOS itself).
     pub fn chat_prompt_ids(&self, messages: &[Message]) -> Result<Vec<u32>> {
         self.tokenizer.encode(&self.chat_prompt(messages)?, false)
+    }
+
+    /// How likely the model finds `reply` as its answer to `messages`: the mean natural
+    /// log-probability of `reply`'s tokens, each given the prompt and the reply's tokens
+    /// before it, with `weights` (the base model's when that adapter is not loaded). A
+    /// search ranks passages by the likelihood of the question given each (query
+    /// likelihood); higher is likelier, 0 the most.
+    pub fn reply_log_probability(
+        &self,
+        messages: &[Message],
+        reply: &str,
+        weights: Weights,
+    ) -> Result<f64> {
+        let prompt = self.chat_prompt_ids(messages)?;
+        let reply = self.tokenizer.encode(reply, false)?;
+        if prompt.is_empty() || reply.is_empty() {
+            return Err(Error::InvalidRequest(
+                "a reply's likelihood needs a prompt and a reply of one token or more".into(),
+            ));
+        }
+        let total = prompt.len() + reply.len();
+        let context = self.context_length();
+        if total > context {
+            return Err(Error::ContextOverflow {
+                prompt: prompt.len(),
+                max_new: reply.len(),
+                total,
+                context,
+                over: total - context,
+            });
+        }
+        let transformer = &self.transformer;
+        let mut cache = transformer.new_cache_with(1, total, weights);
+        let last = transformer.forward(&[prompt], &mut cache)?;
+        let mut sum = log_probability(&last.flatten_all()?.to_vec1()?, reply[0]);
+        // Each piece's logits predict the token after each of its tokens.
+        for (i, piece) in reply[..reply.len() - 1]
+            .chunks(Transformer::MAX_VERIFY)
+            .enumerate()
+        {
+            let logits = transformer.forward_all(&[piece.to_vec()], &mut cache)?;
+            let rows: Vec<Vec<f32>> = logits.squeeze(0)?.to_vec2()?;
+            let next = &reply[i * Transformer::MAX_VERIFY + 1..];
+            sum += rows
+                .iter()
+                .zip(next)
+                .map(|(row, &token)| log_probability(row, token))
+                .sum::<f64>();
+        }
+        Ok(sum / reply.len() as f64)
     }
 
     /// One assistant reply to `messages`.

@@ -84,9 +84,26 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// The natural log-probability of `token` under the softmax of `logits`.
+pub fn log_probability(logits: &[f32], token: u32) -> f64 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let total: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    f64::from(logits[token as usize] - max) - total.ln()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_probability_is_the_log_softmax() {
+        // Two equal logits and one far below: each of the two holds half the mass.
+        let logits = [2.0, 2.0, -40.0];
+        assert!((log_probability(&logits, 0) - 0.5f64.ln()).abs() < 1e-9);
+        assert!(log_probability(&logits, 2) < -40.0);
+        let mass: f64 = (0..3).map(|t| log_probability(&logits, t).exp()).sum();
+        assert!((mass - 1.0).abs() < 1e-9);
+    }
 
     #[test]
     fn greedy_takes_the_first_maximum() {

@@ -19,6 +19,7 @@
 //!     questions: vec!["What does Ada drink?".into()],
 //!     at: None,
 //!     mode: Mode::default(),
+//!     rerank: 0,
 //! };
 //! let plan = query.plan(store, Some(recall))?;
 //! for answer in query.answer(plan, ingestor, &mut |_, _, _| {})? {
@@ -45,8 +46,9 @@ pub use query::{
     PASSAGES_K,
 };
 pub use search::{
-    evidence_passages, index_lag, search, shown_ranges, sync_all, sync_changes, sync_stream,
-    unlabelled, unmentioned, Evidence, EVIDENCE_TOKENS, MEANING_ONLY_SIMILARITY, NOTE_LINES,
+    evidence_passages, index_lag, rerank, search, shown_ranges, sync_all, sync_changes,
+    sync_stream, unlabelled, unmentioned, Evidence, EVIDENCE_TOKENS, MEANING_ONLY_SIMILARITY,
+    NOTE_LINES, RERANK_MAX, RERANK_PROMPT,
 };
 pub use sources::{line_sources, LineSource};
 

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::answer::answer_with_evidence;
 use crate::ingest::{general_answers, DeepAnswer, Ingestor, StepOutcome};
-use crate::search::{search, Evidence, EVIDENCE_TOKENS};
+use crate::search::{rerank, search, Evidence, EVIDENCE_TOKENS};
 use crate::{Error, Result};
 
 /// Passages searched per question when a query names no `k`.
@@ -77,6 +77,10 @@ pub struct Query {
     /// A memory version instead of the latest (not with [`Mode::Deep`]).
     pub at: Option<u64>,
     pub mode: Mode,
+    /// With [`Mode::Evidence`]: the best this many passages found for each question
+    /// are ranked again by the model's likelihood of the question ([`rerank`]) before
+    /// the answer reads them; 0 keeps the search's order.
+    pub rerank: usize,
 }
 
 /// What the answers need, read before the model runs.
@@ -226,7 +230,7 @@ impl Query {
                     .questions
                     .iter()
                     .map(|q| {
-                        let k = passages_searched(q, k);
+                        let k = passages_searched(q, k).max(self.rerank);
                         search(store, recall, Some(&[self.stream.as_str()]), q, k)
                     })
                     .collect::<Result<Vec<_>>>()?;
@@ -257,6 +261,19 @@ impl Query {
                 found,
                 tokens,
             } => {
+                let found = match (self.rerank, self.mode) {
+                    (0, _) | (_, Mode::MemoryOnly | Mode::Deep) => found,
+                    (n, Mode::Evidence { k, .. }) => self
+                        .questions
+                        .iter()
+                        .zip(found)
+                        .map(|(q, found)| {
+                            let mut ranked = rerank(agent.backend(), q, found, n)?;
+                            ranked.truncate(passages_searched(q, k));
+                            Ok(ranked)
+                        })
+                        .collect::<Result<Vec<_>>>()?,
+                };
                 let answered =
                     answer_with_evidence(agent, &memory, &self.questions, found, tokens)?;
                 Ok(self

@@ -4,7 +4,7 @@
 
 use std::cell::RefCell;
 
-use memagent_agent::TextTokenizer;
+use memagent_agent::{Backend, TextTokenizer};
 use memagent_recall::passages::{
     focus, focus_turns, is_turn, lowercase_names, mentions, names, shares_words,
 };
@@ -29,6 +29,10 @@ pub struct Evidence {
     /// In an answer: whether the answer is drawn from this passage.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cited: bool,
+    /// Ranked again by [`rerank`]: the model's mean log-probability of the question's
+    /// tokens after this passage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub likelihood: Option<f64>,
 }
 
 impl Evidence {
@@ -39,6 +43,7 @@ impl Evidence {
             version,
             said: None,
             cited: false,
+            likelihood: None,
         }
     }
 }
@@ -198,6 +203,51 @@ pub fn search(
             Ok(Evidence::found(hit, version))
         })
         .collect()
+}
+
+/// The most passages [`rerank`] is asked to rank again.
+pub const RERANK_MAX: usize = 200;
+
+/// What follows a passage in the prompt whose reply [`rerank`] scores the question as.
+pub const RERANK_PROMPT: &str = "Write a question that the chat above answers.";
+
+/// `found` with its best `n` ranked again by how likely the model finds the question
+/// as its reply to each passage followed by [`RERANK_PROMPT`] (query likelihood, with
+/// the base model's weights): each passage's mean log-probability of the question's
+/// tokens, scaled 0–1 over the `n`, is added to its fused score, and the `n` are
+/// sorted by the sum; the others follow in their order. The model reads each passage
+/// as stored, chat turns with their times and roles. Measured on LoCoMo's development
+/// conversations (docs/benchmarks/conversations/): ranking the fused 20 again puts
+/// every evidence turn of a question within the first 10 passages for more questions
+/// (79% → 83% of every 4th), at one prefill of a passage each; added at half or twice
+/// the weight, or alone, it ranks worse, and turns shown as `name: words` (fewer
+/// tokens) rank worse too (81.7%).
+pub fn rerank(
+    backend: &dyn Backend,
+    question: &str,
+    mut found: Vec<Evidence>,
+    n: usize,
+) -> Result<Vec<Evidence>> {
+    let n = n.min(found.len());
+    let rest = found.split_off(n);
+    let mut scored = Vec::with_capacity(n);
+    for mut e in found {
+        let message = format!("{}\n\n{RERANK_PROMPT}", e.hit.text);
+        e.likelihood = Some(backend.reply_log_probability(&message, question)?);
+        scored.push(e);
+    }
+    let likelihood = |e: &Evidence| e.likelihood.unwrap_or(f64::NEG_INFINITY);
+    let high = scored
+        .iter()
+        .map(likelihood)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let low = scored.iter().map(likelihood).fold(f64::INFINITY, f64::min);
+    let span = (high - low).max(f64::EPSILON);
+    let sum = |e: &Evidence| e.hit.score + (likelihood(e) - low) / span;
+    // A stable sort: equal sums keep the search's order.
+    scored.sort_by(|a, b| sum(b).total_cmp(&sum(a)));
+    scored.extend(rest);
+    Ok(scored)
 }
 
 /// Tokens of passages an answer reads by default, its prompts together: each prompt

@@ -514,6 +514,10 @@ struct QueryBody {
     evidence_tokens: usize,
     #[serde(default = "default_k")]
     k: usize,
+    /// The best this many passages found ranked again by the model's likelihood of the
+    /// question (`memctl query --rerank`), at most `RERANK_MAX`; 0 keeps the search's order.
+    #[serde(default)]
+    rerank: usize,
 }
 
 fn default_evidence_tokens() -> usize {
@@ -542,11 +546,18 @@ async fn query(State(state): State<AppState>, Json(body): Json<QueryBody>) -> Ap
             false => bad("the question is empty"),
         };
     }
+    if body.rerank > memagent_memory::RERANK_MAX {
+        return bad(&format!(
+            "`rerank` must be at most {}",
+            memagent_memory::RERANK_MAX
+        ));
+    }
     let query = memagent_memory::Query {
         stream: body.stream.clone(),
         questions,
         at: body.at,
         mode: Mode::from_flags(body.deep, body.memory_only, body.k, body.evidence_tokens),
+        rerank: body.rerank,
     };
     let what = format!("finding what `{}` holds for the question", body.stream);
     let (query, plan) = store_call(&state, what, move |state| {

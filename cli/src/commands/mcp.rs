@@ -221,6 +221,7 @@ impl Shared {
             questions: vec![p.question],
             at: p.version,
             mode: Mode::from_flags(p.deep, p.memory_only, PASSAGES_K, EVIDENCE_TOKENS),
+            rerank: 0,
         };
         let answer = match Db::open(&self.global)? {
             Db::Daemon(client) => daemon_answers(&client, &query)?,

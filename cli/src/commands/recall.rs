@@ -116,7 +116,16 @@ pub fn search(global: &Settings, args: &SearchArgs) -> Result<()> {
     if args.k == 0 {
         bail!("-k must be at least 1");
     }
-    let results = search_passages(global, stream, text, args.k)?;
+    let results = match args.rerank {
+        0 => search_passages(global, stream, text, args.k)?,
+        n => {
+            let found = search_passages(global, stream, text, args.k.max(n))?;
+            let model = super::load_model(global)?;
+            let mut ranked = memagent_memory::rerank(&model, text, found, n)?;
+            ranked.truncate(args.k);
+            ranked
+        }
+    };
     if args.json {
         return print_json(&json!({"text": text, "passages": results}));
     }

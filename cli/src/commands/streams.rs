@@ -213,6 +213,7 @@ pub fn query(global: &Settings, args: &QueryArgs) -> Result<()> {
             args.passages,
             args.evidence_tokens,
         ),
+        rerank: args.rerank,
     };
     let answers = match Db::open(global)? {
         Db::Daemon(client) => daemon_answers(&client, &query)?,
@@ -266,6 +267,7 @@ pub fn daemon_answers(client: &super::client::DaemonClient, query: &Query) -> Re
         "memory_only": !query.mode.searches(),
         "evidence_tokens": tokens,
         "k": k,
+        "rerank": query.rerank,
     });
     if let [question] = query.questions.as_slice() {
         body["question"] = json!(question);

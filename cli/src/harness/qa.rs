@@ -148,7 +148,7 @@ pub fn run(global: &Settings, args: &BenchQaArgs) -> Result<()> {
         .append(true)
         .open(&saved_path)
         .with_context(|| format!("cannot write {}", saved_path.display()))?;
-    let needs_model = args.modes.iter().any(|m| m != "search");
+    let needs_model = args.rerank > 0 || args.modes.iter().any(|m| m != "search");
     let backend = match needs_model {
         true => Some(ModelBackend::open(global, &args.run)?),
         false => None,
@@ -309,13 +309,23 @@ impl Asking<'_> {
         let started = Instant::now();
         if mode == "search" {
             let deepest = DEPTHS[DEPTHS.len() - 1];
-            let found = memagent_memory::search(
+            let mut found = memagent_memory::search(
                 self.store,
                 self.recall,
                 Some(&[STREAM]),
                 &q.question,
-                deepest,
+                deepest.max(self.args.rerank),
             )?;
+            if let (n @ 1.., Some(backend)) = (self.args.rerank, self.backend) {
+                found = backend.with_agent(|agent| {
+                    Ok(memagent_memory::rerank(
+                        agent.backend(),
+                        &q.question,
+                        found,
+                        n,
+                    )?)
+                })?;
+            }
             for depth in DEPTHS {
                 let read: Vec<String> = found
                     .iter()
@@ -359,6 +369,7 @@ impl Asking<'_> {
                     tokens: self.args.evidence_tokens,
                 },
             },
+            rerank: self.args.rerank,
         };
         let mut plan = query.plan(self.store, Some(self.recall))?;
         if let (true, Plan::Evidence { found, .. }) = (self.without("dates"), &mut plan) {
@@ -500,6 +511,7 @@ fn report(args: &BenchQaArgs, records: &[Record]) -> Result<()> {
         "memory_steps": memory_steps(args),
         "passages": args.passages,
         "evidence_tokens": args.evidence_tokens,
+        "rerank": args.rerank,
         "without": args.without,
         "cpu": memagent_engine::bench::cpu_name(),
         "machine": memagent_engine::bench::machine(),
@@ -530,12 +542,16 @@ fn num(v: &serde_json::Value, digits: usize) -> String {
 
 fn markdown(args: &BenchQaArgs, value: &serde_json::Value) -> String {
     let mut md = format!(
-        "# Question answering over conversations\n\n{} · every {} question(s) · {} · k {} · {} evidence tokens\n\nmachine: {}\n",
+        "# Question answering over conversations\n\n{} · every {} question(s) · {} · k {} · {} evidence tokens{}\n\nmachine: {}\n",
         args.data.display(),
         args.every,
         if memory_steps(args) { "memory steps" } else { "no memory steps" },
         args.passages,
         args.evidence_tokens,
+        match args.rerank {
+            0 => String::new(),
+            n => format!(" · the best {n} ranked again by the question's likelihood"),
+        },
         memagent_engine::bench::machine(),
     );
     for mode in &args.modes {

@@ -127,6 +127,7 @@ fn answer(
         questions: questions.to_vec(),
         at: None,
         mode,
+        rerank: 0,
     };
     let plan = query.plan(store, Some(recall))?;
     let answers = local_answers(store, backend, &query, plan, &mut |_, _, _| {})?;

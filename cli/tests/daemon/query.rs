@@ -37,6 +37,22 @@ fn an_appended_fact_is_answered_through_the_socket() {
     let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "socket mode {:o}", mode & 0o777);
     two_clients_at_once(&daemon);
+    // Passages ranked again by the question's likelihood, on the daemon's model.
+    let ranked = daemon.memctl(&[
+        "query",
+        "notes",
+        "Who is the harbour master?",
+        "--rerank",
+        "3",
+        "--json",
+    ]);
+    assert!(ranked.status.success(), "{}", stderr(&ranked));
+    let ranked: serde_json::Value = serde_json::from_slice(&ranked.stdout).unwrap();
+    let passages = ranked["passages"].as_array().unwrap();
+    assert!(
+        !passages.is_empty() && passages.iter().all(|p| p["likelihood"].as_f64().is_some()),
+        "{ranked}"
+    );
     let questions = ["Who is the harbour master?", "What are these notes for?"];
     let answers = two_deep_questions(&daemon, questions);
     let history = daemon.memctl(&["memory", "history", "notes", "--json"]);

@@ -153,6 +153,16 @@ fn appended_text_is_searchable_before_any_memory_step_and_errors_are_json() {
         "{reply}"
     );
     assert_eq!(reply["limit_bytes"], 16 << 20, "{reply}");
+    let deep_rank = json!({"stream": "notes", "question": "Where?", "rerank": 100_000});
+    let (status, reply) = post(&daemon, "/v1/query", &deep_rank);
+    assert_eq!(status, 400, "{reply}");
+    assert!(
+        reply["error"]
+            .as_str()
+            .unwrap()
+            .contains("`rerank` must be at most"),
+        "{reply}"
+    );
     let (status, reply) = post(&daemon, "/v1/search", &json!({"text": "x"}));
     assert_eq!(status, 400);
     assert!(

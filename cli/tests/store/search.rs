@@ -751,3 +751,167 @@ fn an_answer_that_repeats_a_turn_s_time_is_not_an_answer() {
     assert!(!said.contains("09:40"), "{answer:#}");
     assert!(said.starts_with("Not mentioned"), "{answer:#}");
 }
+
+/// Four sittings of a chat in chat-jsonl: the first asks about bees, the third says
+/// where Ana keeps her hives, the others are small talk.
+fn sittings_about_bees() -> String {
+    let small_talk = [
+        "Did you see the rain this morning? It came down in sheets for an hour.",
+        "I did, the street outside turned into a little river and the buses were all late.",
+        "My umbrella gave up halfway to the station, so I arrived soaked and grumpy.",
+        "At least the weekend forecast looks dry, maybe we can walk along the river then.",
+        "That sounds good, we could stop for coffee at the place near the bridge.",
+        "Their cakes are great too, the lemon one especially, I always order it.",
+    ];
+    let sittings: [(&str, [(&str, &str); 2]); 4] = [
+        (
+            "2024-03-02",
+            [
+                (
+                    "Ana",
+                    "Ben, do you keep bees? I read that bees keep warm in winter.",
+                ),
+                (
+                    "Ben",
+                    "No, I never kept bees. Bees keep away from me, honestly.",
+                ),
+            ],
+        ),
+        (
+            "2024-03-09",
+            [
+                ("Ben", "How was the fencing club this week?"),
+                (
+                    "Ana",
+                    "Tiring. We drilled parries for two hours and my arm aches.",
+                ),
+            ],
+        ),
+        (
+            "2024-03-16",
+            [
+                (
+                    "Ana",
+                    "Guess what, I keep two hives on the roof of my flat in Porto now!",
+                ),
+                ("Ben", "Wow, how are the colonies settling in up there?"),
+            ],
+        ),
+        (
+            "2024-03-23",
+            [
+                ("Ben", "I started a pottery class on Tuesdays."),
+                ("Ana", "Nice! Bring me a bowl when you have one."),
+            ],
+        ),
+    ];
+    let mut log = String::new();
+    for (day, opening) in sittings {
+        let talk = small_talk
+            .iter()
+            .enumerate()
+            .map(|(i, words)| (["Ben", "Ana"][i % 2], *words));
+        for (minute, (name, words)) in opening.into_iter().chain(talk).enumerate() {
+            log.push_str(&chat_line(name, words, &format!("{day} 10:{minute:02}")));
+        }
+    }
+    log
+}
+
+#[test]
+fn rerank_orders_the_passages_found_by_the_question_s_likelihood_added_to_their_score() {
+    let dir = data_dir("search-rerank");
+    ingest_talk(&dir, &sittings_about_bees());
+    let question = "Where does Ana keep her bees?";
+    let plain = search(&dir, &["talk", question, "-k", "20"]);
+    assert!(plain.len() >= 4, "{plain:?}");
+    assert!(plain.iter().all(|p| p.get("likelihood").is_none()));
+    let ranked = search(&dir, &["talk", question, "-k", "20", "--rerank", "20"]);
+    // The same passages, each scored by the model.
+    let key = |p: &Value| p["start"].as_u64().unwrap();
+    let mut a: Vec<u64> = plain.iter().map(key).collect();
+    let mut b: Vec<u64> = ranked.iter().map(key).collect();
+    a.sort_unstable();
+    b.sort_unstable();
+    assert_eq!(a, b);
+    let likelihood = |p: &Value| p["likelihood"].as_f64().expect("a likelihood");
+    let scores: Vec<f64> = ranked.iter().map(likelihood).collect();
+    assert!(scores.iter().all(|s| *s < 0.0), "{scores:?}");
+    // Ordered by the fused score plus the likelihood scaled 0–1 over the passages.
+    let low = scores.iter().copied().fold(f64::INFINITY, f64::min);
+    let high = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let sums: Vec<f64> = ranked
+        .iter()
+        .map(|p| p["score"].as_f64().unwrap() + (likelihood(p) - low) / (high - low))
+        .collect();
+    assert!(sums.windows(2).all(|w| w[0] >= w[1]), "{sums:?}");
+    // The passage that says where the hives are is likelier to be asked the question
+    // than any that mentions neither bees nor hives.
+    let says = |p: &Value, w: &str| p["text"].as_str().unwrap().contains(w);
+    let answer = ranked.iter().find(|p| says(p, "two hives")).unwrap();
+    for other in ranked
+        .iter()
+        .filter(|p| !says(p, "bees") && !says(p, "hives"))
+    {
+        assert!(
+            likelihood(answer) > likelihood(other),
+            "{answer} vs {other}"
+        );
+    }
+    // -k keeps the first of the passages ranked again.
+    let first = search(&dir, &["talk", question, "-k", "2", "--rerank", "20"]);
+    let firsts: Vec<u64> = first.iter().map(key).collect();
+    let want: Vec<u64> = ranked.iter().take(2).map(key).collect();
+    assert_eq!(firsts, want);
+    // Out of range: a clear error from the flag.
+    let o = run(&dir, &["search", "talk", question, "--rerank", "1000"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("from 0 to 200"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_query_reads_the_passages_ranked_again_and_a_remote_model_cannot_rank_them() {
+    let dir = data_dir("query-rerank");
+    ingest_talk(&dir, &sittings_about_bees());
+    let question = "Where does Ana keep her bees?";
+    let answer = json(&run(
+        &dir,
+        &["query", "talk", question, "--rerank", "20", "--json"],
+    ));
+    let passages = answer["passages"].as_array().unwrap();
+    assert!(!passages.is_empty());
+    assert!(
+        passages.iter().all(|p| p["likelihood"].as_f64().is_some()),
+        "{answer}"
+    );
+    let plain = json(&run(&dir, &["query", "talk", question, "--json"]));
+    let plain = plain["passages"].as_array().unwrap();
+    assert!(plain.iter().all(|p| p.get("likelihood").is_none()));
+    // A served model's chat completions do not score a given reply: said, not guessed.
+    let o = run(
+        &dir,
+        &[
+            "query",
+            "talk",
+            question,
+            "--rerank",
+            "5",
+            "--backend",
+            "openai",
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+            "--remote-model",
+            "served",
+            "--retries",
+            "0",
+            "--tokenizer",
+            crate::model_path().to_str().unwrap(),
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("needs the local model"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -3,6 +3,7 @@
 
 mod conformance;
 mod generation;
+mod likelihood;
 mod loader;
 mod prefill;
 mod support;
