@@ -107,6 +107,11 @@ struct RecallParams {
     /// Answer from the memory alone, without searching the stored text
     #[serde(default)]
     memory_only: bool,
+    /// Rank the best this many passages found again by the model's likelihood of the
+    /// question before the answer reads them (slower: one prefill of each passage;
+    /// at most 200); 0 or absent keeps the search's order
+    #[serde(default)]
+    rerank: usize,
 }
 
 #[derive(Debug, Deserialize, rmcp::schemars::JsonSchema)]
@@ -216,12 +221,15 @@ impl Shared {
         if p.deep && p.version.is_some() {
             bail!("`deep` reads the stored text again and answers from its own memory; leave out `version`");
         }
+        if p.rerank > memagent_memory::RERANK_MAX {
+            bail!("`rerank` must be at most {}", memagent_memory::RERANK_MAX);
+        }
         let query = memagent_memory::Query {
             stream: p.stream.clone(),
             questions: vec![p.question],
             at: p.version,
             mode: Mode::from_flags(p.deep, p.memory_only, PASSAGES_K, EVIDENCE_TOKENS),
-            rerank: 0,
+            rerank: p.rerank,
         };
         let answer = match Db::open(&self.global)? {
             Db::Daemon(client) => daemon_answers(&client, &query)?,
@@ -449,7 +457,9 @@ impl MemoryServer {
         of everything the stream stored finds for it (one model call however long the \
         stream); the answer lists the passages it used, with where they came from. \
         `memory_only: true` answers from the memory alone; `deep: true` reads the stream's \
-        stored text again with the question; `version` answers from an older memory."
+        stored text again with the question; `version` answers from an older memory; \
+        `rerank: N` ranks the best N passages found again by the question's likelihood \
+        (better passages first, about 0.3 s a passage)."
     )]
     async fn recall(
         &self,

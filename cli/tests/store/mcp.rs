@@ -39,6 +39,9 @@ fn an_mcp_client_remembers_recalls_and_reads_memory() {
         json!(["call", "remember", {"text": "no stream named"}]),
         json!(["call", "remember", {"stream": "notes", "text": "a", "turns": []}]),
         json!(["read", "memagent://streams/nope/memory"]),
+        // The passages ranked again by the question's likelihood, and a depth refused.
+        json!(["call", "recall", {"stream": "notes", "question": "Who is the harbour master?", "rerank": 4}]),
+        json!(["call", "recall", {"stream": "notes", "question": "Who?", "rerank": 5000}]),
     ];
     let r = mcp_session(&dir, &ops);
 
@@ -119,6 +122,13 @@ fn an_mcp_client_remembers_recalls_and_reads_memory() {
     assert_tool_error(&r[12], "not both");
     let unknown = r[13]["mcp_error"]["message"].as_str().unwrap_or_default();
     assert!(unknown.contains("nope"), "{:#}", r[13]);
+    let ranked = ok_call(&r[14]);
+    let passages = ranked["passages"].as_array().unwrap();
+    assert!(
+        !passages.is_empty() && passages.iter().all(|p| p["likelihood"].as_f64().is_some()),
+        "{ranked:#}"
+    );
+    assert_tool_error(&r[15], "`rerank` must be at most 200");
     // Nothing was written for the refused calls.
     assert_eq!(store.stream("nope").unwrap().map(|s| s.name), None);
     assert_eq!(store.versions(&notes, GENERAL).unwrap().len(), 2);
