@@ -671,7 +671,8 @@ pub struct QueryArgs {
     /// Rank the best N passages found for each question again, before the answer reads
     /// them, by how likely the model finds the question after each (query likelihood:
     /// one prefill of each passage, about 0.3 s a passage on 2 cores; needs the local
-    /// model). 0 keeps the search's order
+    /// model; the daemon keeps what it read, so a passage ranked again later costs only
+    /// the question's tokens). 0 keeps the search's order
     #[arg(long, value_name = "N", default_value_t = 0,
           value_parser = rerank_depth)]
     pub rerank: usize,

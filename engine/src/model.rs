@@ -12,7 +12,7 @@ use crate::chat::{ChatTemplate, Message};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::models::{Config, KvCache, Transformer};
-use crate::prefix::{PrefixCache, PrefixCacheStats};
+use crate::prefix::{PrefixCache, PrefixCacheStats, ScoredPromptStats, ScoredPrompts};
 use crate::sampling::{argmax, log_probability, Sampler, SamplingParams};
 use crate::tokenizer::Tokenizer;
 
@@ -266,6 +266,7 @@ pub struct LocalModel {
     reader: Option<PathBuf>,
     reader_manifest: Option<crate::adapter::AdapterManifest>,
     prefixes: Mutex<PrefixCache>,
+    scored: Mutex<ScoredPrompts>,
     decode_tuning: crate::tuning::DecodeTuning,
 }
 
@@ -346,6 +347,7 @@ impl LocalModel {
             reader_manifest: reader.as_ref().map(|a| a.manifest.clone()),
             reader: reader.map(|a| a.path),
             prefixes: Mutex::new(PrefixCache::default()),
+            scored: Mutex::new(ScoredPrompts::default()),
         })
     }
 
@@ -423,7 +425,9 @@ impl LocalModel {
     /// log-probability of `reply`'s tokens, each given the prompt and the reply's tokens
     /// before it, with `weights` (the base model's when that adapter is not loaded). A
     /// search ranks passages by the likelihood of the question given each (query
-    /// likelihood); higher is likelier, 0 the most.
+    /// likelihood); higher is likelier, 0 the most. The prompt's keys and values are kept
+    /// (see [`LocalModel::scored_prompt_stats`]): another reply to the same messages reads
+    /// only its own tokens, with the same result.
     pub fn reply_log_probability(
         &self,
         messages: &[Message],
@@ -449,9 +453,21 @@ impl LocalModel {
             });
         }
         let transformer = &self.transformer;
-        let mut cache = transformer.new_cache_with(1, total, weights);
-        let last = transformer.forward(&[prompt], &mut cache)?;
-        let mut sum = log_probability(&last.flatten_all()?.to_vec1()?, reply[0]);
+        let weights = transformer.loaded(weights);
+        let kept = self.scored().start(&prompt, total, weights)?;
+        let (mut cache, last) = match kept {
+            Some(found) => found,
+            None => {
+                let mut cache = transformer.new_cache_with(1, total, weights);
+                let last: Vec<f32> = transformer
+                    .forward(std::slice::from_ref(&prompt), &mut cache)?
+                    .flatten_all()?
+                    .to_vec1()?;
+                self.scored().remember(&prompt, &cache, &last)?;
+                (cache, last)
+            }
+        };
+        let mut sum = log_probability(&last, reply[0]);
         // Each piece's logits predict the token after each of its tokens.
         for (i, piece) in reply[..reply.len() - 1]
             .chunks(Transformer::MAX_VERIFY)
@@ -949,6 +965,29 @@ impl LocalModel {
     /// Empties the prefix cache.
     pub fn clear_prefix_cache(&self) {
         self.prefixes().clear();
+    }
+
+    fn scored(&self) -> std::sync::MutexGuard<'_, ScoredPrompts> {
+        // Entries are replaced whole, as the prefix cache's.
+        self.scored.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Prompts whose replies were scored, kept so that another reply to one reads only
+    /// its own tokens, and the bytes they take.
+    pub fn scored_prompt_stats(&self) -> ScoredPromptStats {
+        self.scored().stats()
+    }
+
+    /// Bytes of keys and values kept for prompts whose replies were scored (default
+    /// [`crate::prefix::SCORED_PROMPT_BYTES`]; 0 keeps none). The least recently used
+    /// go first.
+    pub fn set_scored_prompt_budget(&self, bytes: usize) {
+        self.scored().set_budget(bytes);
+    }
+
+    /// Empties the prompts kept for scoring.
+    pub fn clear_scored_prompts(&self) {
+        self.scored().clear();
     }
 
     /// Rules out end-of-turn tokens when `options` ignore them.

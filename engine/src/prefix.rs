@@ -119,3 +119,119 @@ impl PrefixCache {
         self.entries.clear();
     }
 }
+
+/// Bytes of keys and values [`ScoredPrompts`] keeps by default: about 160 prompts of 280
+/// tokens on a model of SmolLM2-135M's shape (30 layers, 3 key-value heads of 64).
+pub const SCORED_PROMPT_BYTES: usize = 1 << 30;
+
+struct Scored {
+    ids: Vec<u32>,
+    cache: KvCache,
+    /// The logits after the prompt's last token.
+    last: Vec<f32>,
+}
+
+impl Scored {
+    fn bytes(&self) -> usize {
+        self.cache.bytes() + self.last.len() * std::mem::size_of::<f32>() + self.ids.len() * 4
+    }
+}
+
+/// Whole prompts whose replies were scored ([`crate::LocalModel::reply_log_probability`]),
+/// with their keys and values (in f16, exact) and the logits after them: a search ranking
+/// the same passages again for another question reads only the question's tokens.
+/// Least recently used dropped first, within a budget of bytes.
+pub(crate) struct ScoredPrompts {
+    /// Least recently used first.
+    entries: Vec<Scored>,
+    bytes: usize,
+    budget: usize,
+}
+
+impl Default for ScoredPrompts {
+    fn default() -> Self {
+        Self {
+            entries: Vec::new(),
+            bytes: 0,
+            budget: SCORED_PROMPT_BYTES,
+        }
+    }
+}
+
+/// Size of a [`ScoredPrompts`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScoredPromptStats {
+    pub prompts: usize,
+    pub bytes: usize,
+}
+
+impl ScoredPrompts {
+    /// A cache for `prompt` then `capacity - prompt.len()` more tokens holding every
+    /// position of `prompt`, and the logits after it, where `prompt` was kept with the
+    /// same `weights`.
+    pub(crate) fn start(
+        &mut self,
+        prompt: &[u32],
+        capacity: usize,
+        weights: Weights,
+    ) -> Result<Option<(KvCache, Vec<f32>)>> {
+        let Some(i) = self
+            .entries
+            .iter()
+            .position(|e| e.cache.weights() == weights && e.ids == prompt)
+        else {
+            return Ok(None);
+        };
+        let entry = self.entries.remove(i);
+        let found = (
+            entry.cache.fork(prompt.len(), capacity)?,
+            entry.last.clone(),
+        );
+        self.entries.push(entry);
+        Ok(Some(found))
+    }
+
+    /// Keeps `prompt`, the keys and values `cache` holds of it (its first `prompt.len()`
+    /// positions) and the logits after it, dropping the least recently used prompts past
+    /// the budget. A prompt larger than the budget is not kept.
+    pub(crate) fn remember(&mut self, prompt: &[u32], cache: &KvCache, last: &[f32]) -> Result<()> {
+        if cache.len() < prompt.len() {
+            return Ok(());
+        }
+        let entry = Scored {
+            ids: prompt.to_vec(),
+            cache: cache.packed(prompt.len())?,
+            last: last.to_vec(),
+        };
+        let size = entry.bytes();
+        if size > self.budget {
+            return Ok(());
+        }
+        while self.bytes + size > self.budget && !self.entries.is_empty() {
+            self.bytes -= self.entries.remove(0).bytes();
+        }
+        self.bytes += size;
+        self.entries.push(entry);
+        Ok(())
+    }
+
+    /// Sets the budget, dropping the least recently used prompts past it.
+    pub(crate) fn set_budget(&mut self, bytes: usize) {
+        self.budget = bytes;
+        while self.bytes > self.budget && !self.entries.is_empty() {
+            self.bytes -= self.entries.remove(0).bytes();
+        }
+    }
+
+    pub(crate) fn stats(&self) -> ScoredPromptStats {
+        ScoredPromptStats {
+            prompts: self.entries.len(),
+            bytes: self.bytes,
+        }
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.entries.clear();
+        self.bytes = 0;
+    }
+}

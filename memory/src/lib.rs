@@ -46,9 +46,9 @@ pub use query::{
     PASSAGES_K,
 };
 pub use search::{
-    evidence_passages, index_lag, rerank, search, shown_ranges, sync_all, sync_changes,
-    sync_stream, unlabelled, unmentioned, Evidence, EVIDENCE_TOKENS, MEANING_ONLY_SIMILARITY,
-    NOTE_LINES, RERANK_MAX, RERANK_PROMPT,
+    evidence_passages, index_lag, rerank, rerank_field_error, search, shown_ranges, sync_all,
+    sync_changes, sync_stream, unlabelled, unmentioned, Evidence, EVIDENCE_TOKENS,
+    MEANING_ONLY_SIMILARITY, NOTE_LINES, RERANK_MAX, RERANK_PROMPT,
 };
 pub use sources::{line_sources, LineSource};
 

@@ -208,6 +208,12 @@ pub fn search(
 /// The most passages [`rerank`] is asked to rank again.
 pub const RERANK_MAX: usize = 200;
 
+/// What is wrong with a request's `rerank` field asking to rank `n` passages again: more
+/// than [`RERANK_MAX`].
+pub fn rerank_field_error(n: usize) -> Option<String> {
+    (n > RERANK_MAX).then(|| format!("`rerank` must be at most {RERANK_MAX}"))
+}
+
 /// What follows a passage in the prompt whose reply [`rerank`] scores the question as.
 pub const RERANK_PROMPT: &str = "Write a question that the chat above answers.";
 

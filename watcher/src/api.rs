@@ -546,11 +546,8 @@ async fn query(State(state): State<AppState>, Json(body): Json<QueryBody>) -> Ap
             false => bad("the question is empty"),
         };
     }
-    if body.rerank > memagent_memory::RERANK_MAX {
-        return bad(&format!(
-            "`rerank` must be at most {}",
-            memagent_memory::RERANK_MAX
-        ));
+    if let Some(e) = memagent_memory::rerank_field_error(body.rerank) {
+        return bad(&e);
     }
     let query = memagent_memory::Query {
         stream: body.stream.clone(),

@@ -221,8 +221,8 @@ impl Shared {
         if p.deep && p.version.is_some() {
             bail!("`deep` reads the stored text again and answers from its own memory; leave out `version`");
         }
-        if p.rerank > memagent_memory::RERANK_MAX {
-            bail!("`rerank` must be at most {}", memagent_memory::RERANK_MAX);
+        if let Some(e) = memagent_memory::rerank_field_error(p.rerank) {
+            bail!(e);
         }
         let query = memagent_memory::Query {
             stream: p.stream.clone(),

@@ -86,22 +86,44 @@ impl KvCache {
         self.len = self.len.min(len);
     }
 
-    /// A separate copy of the first `len` positions, with room reserved for `capacity`.
+    /// A separate copy of the first `len` positions, with room reserved for `capacity`,
+    /// in f32 (the forward pass's type) whatever type this one keeps them in.
     pub fn fork(&self, len: usize, capacity: usize) -> Result<KvCache> {
         let len = len.min(self.len);
         let capacity = capacity.max(len);
         // Always a new buffer: the copy is written to while the original is kept.
-        let copy = |t: &Tensor| -> Result<Tensor> {
-            let (b, h, _, d) = t.dims4()?;
-            let buffer = Tensor::zeros((b, h, capacity, d), t.dtype(), t.device())?;
-            buffer.slice_set(&t.narrow(2, 0, len)?.contiguous()?, 2, 0)?;
+        self.copied(len, capacity, |held| {
+            let (b, h, _, d) = held.dims4()?;
+            let buffer = Tensor::zeros((b, h, capacity, d), DType::F32, held.device())?;
+            buffer.slice_set(&held.to_dtype(DType::F32)?.contiguous()?, 2, 0)?;
             Ok(buffer)
-        };
+        })
+    }
+
+    /// The first `len` positions, in f16 and no more room than they take: to keep for
+    /// later (see [`KvCache::fork`]). Exact: keys and values are rounded to f16 before
+    /// they are stored.
+    pub fn packed(&self, len: usize) -> Result<KvCache> {
+        let len = len.min(self.len);
+        self.copied(len, len, |held| {
+            Ok(held.to_dtype(DType::F16)?.contiguous()?)
+        })
+    }
+
+    /// A cache of the first `len` positions, each layer's keys and values (those
+    /// positions) made into new tensors by `copy`, with room for `capacity`.
+    fn copied(
+        &self,
+        len: usize,
+        capacity: usize,
+        copy: impl Fn(&Tensor) -> Result<Tensor>,
+    ) -> Result<KvCache> {
+        let held = |t: &Tensor| copy(&t.narrow(2, 0, len)?);
         let layers = self
             .layers
             .iter()
             .map(|layer| match layer {
-                Some((k, v)) if len > 0 => Ok(Some((copy(k)?, copy(v)?))),
+                Some((k, v)) if len > 0 => Ok(Some((held(k)?, held(v)?))),
                 _ => Ok(None),
             })
             .collect::<Result<Vec<_>>>()?;
@@ -112,6 +134,15 @@ impl KvCache {
             capacity,
             weights: self.weights,
         })
+    }
+
+    /// Bytes the keys and values take, their unused room included.
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.elem_count() + v.elem_count()) * k.dtype().size_in_bytes())
+            .sum()
     }
 
     /// Appends this layer's new keys/values, growing the buffers when needed, and

@@ -1,8 +1,8 @@
 //! A reply's likelihood on the real default model.
 
-use memagent_engine::{log_probability, Error, Message, Weights};
+use memagent_engine::{log_probability, Error, LoadOptions, LocalModel, Message, Weights};
 
-use crate::support::model;
+use crate::support::{model, model_path};
 
 fn messages() -> Vec<Message> {
     vec![Message::user(
@@ -66,4 +66,47 @@ fn an_empty_reply_or_one_past_the_context_is_an_error() {
         m.reply_log_probability(&messages(), &long, Weights::Base),
         Err(Error::ContextOverflow { .. })
     ));
+}
+
+/// A prompt scored once is kept: another reply to it reads only its own tokens and gets
+/// the same value, to the bit, as with nothing kept; past the budget of bytes the least
+/// recently used prompt goes, and a budget of 0 keeps none.
+#[test]
+fn a_prompt_scored_once_is_kept_and_scores_another_reply_the_same() {
+    // A model of its own: the kept prompts are the model's state.
+    let m = LocalModel::load(&model_path(), &LoadOptions::default()).unwrap();
+    let other = vec![Message::user(
+        "Ben: The fencing club meets on Tuesdays now.\n\n\
+         Write a question that the chat above answers.",
+    )];
+    let score = |messages: &[Message], reply: &str| {
+        m.reply_log_probability(messages, reply, Weights::Base)
+            .unwrap()
+    };
+    let (first, second) = ("Where does Ana keep her bees?", "How many hives are there?");
+    assert_eq!(m.scored_prompt_stats().prompts, 0);
+    score(&messages(), first);
+    let one = m.scored_prompt_stats();
+    assert_eq!(one.prompts, 1);
+    let kept = score(&messages(), second);
+    assert_eq!(m.scored_prompt_stats(), one, "the same prompt is kept once");
+    m.clear_scored_prompts();
+    assert_eq!(m.scored_prompt_stats().prompts, 0);
+    let fresh = score(&messages(), second);
+    assert_eq!(
+        kept.to_bits(),
+        fresh.to_bits(),
+        "kept {kept}, fresh {fresh}"
+    );
+
+    // Room for one prompt: the other replaces it.
+    m.set_scored_prompt_budget(one.bytes + one.bytes / 2);
+    score(&other, "When does the fencing club meet?");
+    let stats = m.scored_prompt_stats();
+    assert_eq!(stats.prompts, 1);
+    assert!(stats.bytes <= one.bytes + one.bytes / 2, "{stats:?}");
+    m.set_scored_prompt_budget(0);
+    assert_eq!(m.scored_prompt_stats().prompts, 0);
+    assert_eq!(score(&messages(), second).to_bits(), fresh.to_bits());
+    assert_eq!(m.scored_prompt_stats().prompts, 0);
 }
