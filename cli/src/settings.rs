@@ -60,6 +60,10 @@ pub struct ProxyConfig {
     pub upstream: Option<String>,
     /// The environment variable holding the upstream's API key, if it needs one.
     pub upstream_api_key_env: Option<String>,
+    /// Rank the best N passages found for each request again by the local model's
+    /// likelihood of its latest user message (as `memctl query --rerank N`); 0 or absent:
+    /// the search's order.
+    pub rerank: Option<usize>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -157,6 +161,10 @@ impl ConfigFile {
         }
         if let Some(proxy) = &self.proxy {
             listen_addr(&proxy.listen).context("proxy.listen")?;
+            let max = memagent_memory::RERANK_MAX;
+            if proxy.rerank.unwrap_or(0) > max {
+                bail!("proxy.rerank: must be at most {max} (passages ranked again)");
+            }
             if let Some(upstream) = &proxy.upstream {
                 if !(upstream.starts_with("http://") || upstream.starts_with("https://")) {
                     bail!(
@@ -495,6 +503,24 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    #[test]
+    fn a_proxy_ranking_more_passages_again_than_the_limit_is_refused() {
+        let path = Path::new("/etc/memagent/config.toml");
+        let proxy = |rerank: usize| format!("[proxy]\nlisten = \"8766\"\nrerank = {rerank}\n");
+        let max = memagent_memory::RERANK_MAX;
+        let config = ConfigFile::parse(&proxy(max), path).unwrap();
+        assert_eq!(config.proxy.unwrap().rerank, Some(max));
+        let err = format!(
+            "{:#}",
+            ConfigFile::parse(&proxy(max + 1), path).unwrap_err()
+        );
+        assert!(
+            err.contains("config.toml")
+                && err.contains(&format!("proxy.rerank: must be at most {max}")),
+            "{err}"
+        );
+    }
+
     /// A configuration file's lines, right and wrong: known keys with values of every
     /// kind, unknown keys, tables, broken TOML.
     fn config_text() -> impl proptest::strategy::Strategy<Value = String> {
@@ -516,6 +542,7 @@ mod tests {
             "include",
             "ask",
             "upstream",
+            "rerank",
             "kind",
             "unknown_key",
         ]);

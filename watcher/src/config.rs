@@ -224,6 +224,10 @@ pub struct ProxyOptions {
     pub upstream: Option<String>,
     /// The key sent to the upstream as its bearer token.
     pub upstream_key: Option<String>,
+    /// The best this many passages found for a request's latest user message are ranked
+    /// again by the daemon model's likelihood of it ([`memagent_memory::rerank`]) before
+    /// the best go in; 0 keeps the search's order.
+    pub rerank: usize,
 }
 
 #[derive(Debug, Clone)]

@@ -73,6 +73,14 @@ pub enum Request {
         budget: usize,
         reply: Reply<Vec<Answered>>,
     },
+    /// `found` with its best `n` ranked again by the model's likelihood of `text`
+    /// ([`memagent_memory::rerank`]).
+    Rerank {
+        text: String,
+        found: Vec<Evidence>,
+        n: usize,
+        reply: Reply<Vec<Evidence>>,
+    },
     /// A reply to a conversation (the proxy without an upstream).
     Chat {
         messages: Vec<Message>,
@@ -135,6 +143,21 @@ impl EngineHandle {
         .await
     }
 
+    pub async fn rerank(
+        &self,
+        text: String,
+        found: Vec<Evidence>,
+        n: usize,
+    ) -> Result<Vec<Evidence>, String> {
+        self.ask(|reply| Request::Rerank {
+            text,
+            found,
+            n,
+            reply,
+        })
+        .await
+    }
+
     pub async fn chat(
         &self,
         messages: Vec<Message>,
@@ -171,6 +194,15 @@ pub fn serve(agent: &MemoryAgent<'_>, ingestor: &Ingestor<'_>, requests: mpsc::R
                     answer_with_evidence(agent, &memory, &questions, found, budget)
                         .map_err(|e| e.to_string()),
                 );
+            }
+            Request::Rerank {
+                text,
+                found,
+                n,
+                reply,
+            } => {
+                let ranked = memagent_memory::rerank(agent.backend(), &text, found, n);
+                let _ = reply.send(ranked.map_err(|e| e.to_string()));
             }
             Request::Chat {
                 messages,

@@ -63,6 +63,7 @@ pub use config::{
 };
 pub use engine::{serve as serve_engine, EngineHandle, Request, Step};
 pub use error::{Error, Result};
+pub use proxy::EVIDENCE_CHARS as PROXY_EVIDENCE_CHARS;
 
 use config::Watch;
 use files::Tracker;

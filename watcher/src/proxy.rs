@@ -58,6 +58,8 @@ pub(crate) struct ProxyState {
     pub upstream_key: Option<Arc<str>>,
     /// The daemon's model, for `/v1/models` without an upstream.
     pub model: Arc<str>,
+    /// Passages ranked again by the model's likelihood of the message (0: none).
+    pub rerank: usize,
     pub http: ureq::Agent,
 }
 
@@ -88,6 +90,7 @@ impl ProxyState {
                 .map(|u| Arc::from(u.trim_end_matches('/'))),
             upstream_key: options.upstream_key.as_deref().map(Arc::from),
             model: Arc::from(model),
+            rerank: options.rerank,
             http,
         }
     }
@@ -198,15 +201,21 @@ async fn handle(
     let passages = match last_user_text(&request) {
         Some(text) => {
             let (store, recall, name) = (state.store.clone(), state.recall.clone(), stream.clone());
+            let k = EVIDENCE_K.max(state.rerank);
+            let asked = text.clone();
             let found = tokio::task::spawn_blocking(move || {
                 if store.stream(&name)?.is_none() {
                     return Ok(Vec::new());
                 }
-                memagent_memory::search(&store, &recall, Some(&[&name]), &text, EVIDENCE_K)
+                memagent_memory::search(&store, &recall, Some(&[&name]), &asked, k)
             })
             .await;
             match found {
-                Ok(Ok(found)) => within_chars(found, EVIDENCE_CHARS),
+                Ok(Ok(found)) => {
+                    let mut found = ranked_again(&state, &stream, text, found).await;
+                    found.truncate(EVIDENCE_K);
+                    within_chars(found, EVIDENCE_CHARS)
+                }
                 Ok(Err(e)) => {
                     tracing::warn!("proxy: search of `{stream}` failed: {e}");
                     Vec::new()
@@ -264,6 +273,27 @@ pub fn memory_message(
         }
     }
     out
+}
+
+/// `found` with its best `state.rerank` ranked again by the model's likelihood of
+/// `text`, or in the search's order when none are to be or the model cannot (a remote
+/// backend: said in the log).
+async fn ranked_again(
+    state: &ProxyState,
+    stream: &str,
+    text: String,
+    found: Vec<Evidence>,
+) -> Vec<Evidence> {
+    if state.rerank == 0 || found.len() < 2 {
+        return found;
+    }
+    match state.engine.rerank(text, found.clone(), state.rerank).await {
+        Ok(ranked) => ranked,
+        Err(e) => {
+            tracing::warn!("proxy: passages of `{stream}` kept in the search's order: {e}");
+            found
+        }
+    }
 }
 
 /// The text of the request's last user message.

@@ -176,6 +176,7 @@ fn proxy_options(config: &settings::ConfigFile) -> Result<Option<ProxyOptions>> 
         token,
         upstream: proxy.upstream.clone(),
         upstream_key,
+        rerank: proxy.rerank.unwrap_or(0),
     }))
 }
 

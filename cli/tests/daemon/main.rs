@@ -6,6 +6,8 @@ mod bad_input;
 mod batch;
 mod changes;
 mod chat;
+#[path = "../support/chats.rs"]
+mod chats;
 #[path = "../support/clients.rs"]
 mod clients;
 mod crash;

@@ -8,8 +8,9 @@ use std::time::Duration;
 use memagent_store::Store;
 use serde_json::{json, Value};
 
+use crate::chats::sittings_about_bees;
 use crate::clients::openai_session;
-use crate::{stderr, test_root, Daemon};
+use crate::{stderr, test_root, wait_for, Daemon};
 
 /// The upstream's streamed reply, passed through byte for byte.
 const EVENTS: &str = "data: {\"id\":\"up-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"up\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"She \"},\"finish_reason\":null}]}\n\n\
@@ -213,6 +214,74 @@ fn the_proxy_adds_memory_passes_replies_through_and_remembers_the_turns() {
     let stream = store.require("priya").unwrap();
     let log = store.read_log(&stream, 0, stream.log_len).unwrap();
     assert_eq!(String::from_utf8(log).unwrap(), expected);
+}
+
+/// With `rerank` in `[proxy]`, a request carries the best of the passages found for its
+/// message once they are ranked again by the model's likelihood of it: those that
+/// `memctl search --rerank` puts first, which here are not the search's own best.
+#[test]
+fn the_proxy_hands_on_the_passages_ranked_again() {
+    let root = test_root("proxy-rerank");
+    let mut upstream = Upstream::start();
+    let port = free_port();
+    let config = format!(
+        "[proxy]\nlisten = \"127.0.0.1:{port}\"\ntoken = \"{TOKEN}\"\nupstream = \"{}\"\n\
+         rerank = 20\n",
+        upstream.url
+    );
+    let mut daemon = Daemon::start(&root, &config, &[]);
+    let file = root.join("talk.jsonl");
+    std::fs::write(&file, sittings_about_bees()).unwrap();
+    let o = daemon.memctl(&["ingest", "talk", file.to_str().unwrap(), "--no-process"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let question = "What did Ben start on Tuesdays?";
+    // The passages a request carries: the best 8 found that fit in the proxy's budget
+    // of characters, oldest first.
+    let carried = |rerank: &str| -> Vec<String> {
+        let o = daemon.memctl(&[
+            "search", "talk", question, "-k", "8", "--rerank", rerank, "--json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let found: Value = serde_json::from_slice(&o.stdout).unwrap();
+        let mut used = 0;
+        let mut kept = Vec::new();
+        for p in found["passages"].as_array().unwrap() {
+            let shown = p["dated"].as_str().or(p["text"].as_str()).unwrap().trim();
+            if used + shown.len() <= memagent_watcher::PROXY_EVIDENCE_CHARS {
+                used += shown.len();
+                kept.push((p["start"].as_u64().unwrap(), shown.to_string()));
+            }
+        }
+        kept.sort();
+        kept.into_iter().map(|(_, shown)| shown).collect()
+    };
+    // Indexed as the daemon takes the text in.
+    let plain = wait_for("the chat indexed", Duration::from_secs(60), || {
+        Some(carried("0")).filter(|kept| !kept.is_empty())
+    });
+    let want = carried("20");
+    assert_ne!(
+        want, plain,
+        "a question whose passages ranking again changes is needed here"
+    );
+
+    let r = openai_session(
+        &format!("http://127.0.0.1:{port}/v1"),
+        TOKEN,
+        &[json!(["chat", {"model": "up", "user": "talk", "messages": [user(question)]}])],
+    );
+    assert_eq!(r[0]["content"], NOTED, "{:#}", r[0]);
+    let received = upstream.received();
+    let system = received[0]["messages"][0]["content"].as_str().unwrap();
+    let (_, listed) = system.split_once("oldest first:").expect("passages listed");
+    let expected: String = want
+        .iter()
+        .enumerate()
+        .map(|(i, shown)| format!("\n[{}] {shown}", i + 1))
+        .collect();
+    assert_eq!(listed, expected, "{system}");
+    assert!(daemon.stop().success(), "{}", daemon.log_text());
+    upstream.stop();
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! Persistent streams with real `memctl` processes, a real sled database on disk (and a
 //! real PostgreSQL server, see `postgres`) and the real default model.
 
+#[path = "../support/chats.rs"]
+mod chats;
 #[path = "../support/clients.rs"]
 mod clients;
 mod commands;
