@@ -7,6 +7,9 @@
 //! with an entry for only part of it, the entry is cut to the agreeing part, the template's
 //! constant head. Entries are few and short, so the cache stays within
 //! [`MAX_ENTRIES`] × [`MAX_ENTRY_TOKENS`] positions.
+//!
+//! Whole prompts whose replies are scored (a passage ranked by a question's likelihood)
+//! are kept apart, each whole, within a budget of bytes (`ScoredPrompts`).
 
 use crate::adapter::Weights;
 use crate::error::Result;
