@@ -12,7 +12,7 @@ use crate::chat::{ChatTemplate, Message};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::models::{Config, KvCache, Transformer};
-use crate::prefix::{PrefixCache, PrefixCacheStats, ScoredPromptStats, ScoredPrompts};
+use crate::prefix::{KeptPrompt, PrefixCache, PrefixCacheStats, ScoredPromptStats, ScoredPrompts};
 use crate::sampling::{argmax, log_probability, Sampler, SamplingParams};
 use crate::tokenizer::Tokenizer;
 
@@ -458,12 +458,7 @@ impl LocalModel {
         let (mut cache, last) = match kept {
             Some(found) => found,
             None => {
-                let mut cache = transformer.new_cache_with(1, total, weights);
-                let last: Vec<f32> = transformer
-                    .forward(std::slice::from_ref(&prompt), &mut cache)?
-                    .flatten_all()?
-                    .to_vec1()?;
-                self.scored().remember(&prompt, &cache, &last)?;
+                let (cache, last, _) = self.read_scored_prompt(&prompt, total, weights)?;
                 (cache, last)
             }
         };
@@ -483,6 +478,46 @@ impl LocalModel {
                 .sum::<f64>();
         }
         Ok(sum / reply.len() as f64)
+    }
+
+    /// Reads `messages` as the prompt of a scored reply and keeps it, as
+    /// [`LocalModel::reply_log_probability`] does, so that the first reply scored to it
+    /// reads only its own tokens, with the same result (a daemon reading passages ahead
+    /// while nothing waits on the model). A prompt kept already is only marked as the
+    /// most recently used.
+    pub fn keep_scored_prompt(&self, messages: &[Message], weights: Weights) -> Result<KeptPrompt> {
+        let prompt = self.chat_prompt_ids(messages)?;
+        let weights = self.transformer.loaded(weights);
+        if let Some(bytes) = self.scored().touch(&prompt, weights) {
+            return Ok(KeptPrompt { read: false, bytes });
+        }
+        // Room for a reply of one token: a prompt that leaves none is never scored.
+        if prompt.is_empty() || prompt.len() >= self.context_length() {
+            return Ok(KeptPrompt {
+                read: false,
+                bytes: 0,
+            });
+        }
+        let (_, _, bytes) = self.read_scored_prompt(&prompt, prompt.len(), weights)?;
+        Ok(KeptPrompt { read: true, bytes })
+    }
+
+    /// `prompt` read into a cache with room for `capacity` tokens, the logits after it,
+    /// and the bytes it takes kept.
+    fn read_scored_prompt(
+        &self,
+        prompt: &[u32],
+        capacity: usize,
+        weights: Weights,
+    ) -> Result<(KvCache, Vec<f32>, usize)> {
+        let transformer = &self.transformer;
+        let mut cache = transformer.new_cache_with(1, capacity, weights);
+        let last: Vec<f32> = transformer
+            .forward(&[prompt.to_vec()], &mut cache)?
+            .flatten_all()?
+            .to_vec1()?;
+        let bytes = self.scored().remember(prompt, &cache, &last)?;
+        Ok((cache, last, bytes))
     }
 
     /// One assistant reply to `messages`.
@@ -973,7 +1008,7 @@ impl LocalModel {
     }
 
     /// Prompts whose replies were scored, kept so that another reply to one reads only
-    /// its own tokens, and the bytes they take.
+    /// its own tokens, the bytes they take and the most they may.
     pub fn scored_prompt_stats(&self) -> ScoredPromptStats {
         self.scored().stats()
     }

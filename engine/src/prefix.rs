@@ -162,9 +162,21 @@ impl Default for ScoredPrompts {
 }
 
 /// Size of a [`ScoredPrompts`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ScoredPromptStats {
     pub prompts: usize,
+    pub bytes: usize,
+    /// Bytes kept at most.
+    pub budget: usize,
+}
+
+/// A prompt kept ahead of the replies scored to it
+/// ([`crate::LocalModel::keep_scored_prompt`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeptPrompt {
+    /// Whether the model read it now (else it was kept already).
+    pub read: bool,
+    /// Bytes it takes kept; 0 when it is not kept (larger than the budget).
     pub bytes: usize,
 }
 
@@ -194,12 +206,30 @@ impl ScoredPrompts {
         Ok(Some(found))
     }
 
+    /// The bytes `prompt` takes where it was kept with the same `weights`, marked as the
+    /// most recently used.
+    pub(crate) fn touch(&mut self, prompt: &[u32], weights: Weights) -> Option<usize> {
+        let i = self
+            .entries
+            .iter()
+            .position(|e| e.cache.weights() == weights && e.ids == prompt)?;
+        let entry = self.entries.remove(i);
+        let bytes = entry.bytes();
+        self.entries.push(entry);
+        Some(bytes)
+    }
+
     /// Keeps `prompt`, the keys and values `cache` holds of it (its first `prompt.len()`
     /// positions) and the logits after it, dropping the least recently used prompts past
-    /// the budget. A prompt larger than the budget is not kept.
-    pub(crate) fn remember(&mut self, prompt: &[u32], cache: &KvCache, last: &[f32]) -> Result<()> {
+    /// the budget; the bytes it takes. A prompt larger than the budget is not kept (0).
+    pub(crate) fn remember(
+        &mut self,
+        prompt: &[u32],
+        cache: &KvCache,
+        last: &[f32],
+    ) -> Result<usize> {
         if cache.len() < prompt.len() {
-            return Ok(());
+            return Ok(0);
         }
         let entry = Scored {
             ids: prompt.to_vec(),
@@ -208,14 +238,14 @@ impl ScoredPrompts {
         };
         let size = entry.bytes();
         if size > self.budget {
-            return Ok(());
+            return Ok(0);
         }
         while self.bytes + size > self.budget && !self.entries.is_empty() {
             self.bytes -= self.entries.remove(0).bytes();
         }
         self.bytes += size;
         self.entries.push(entry);
-        Ok(())
+        Ok(size)
     }
 
     /// Sets the budget, dropping the least recently used prompts past it.
@@ -230,6 +260,7 @@ impl ScoredPrompts {
         ScoredPromptStats {
             prompts: self.entries.len(),
             bytes: self.bytes,
+            budget: self.budget,
         }
     }
 

@@ -110,3 +110,44 @@ fn a_prompt_scored_once_is_kept_and_scores_another_reply_the_same() {
     assert_eq!(score(&messages(), second).to_bits(), fresh.to_bits());
     assert_eq!(m.scored_prompt_stats().prompts, 0);
 }
+
+/// A prompt read ahead is kept as one scored is: the first reply scored to it reads only
+/// its own tokens and gets the same value, to the bit, as with nothing kept; reading it
+/// again reads nothing.
+#[test]
+fn a_prompt_read_ahead_scores_a_reply_as_if_read_with_it() {
+    // A model of its own: the kept prompts are the model's state.
+    let m = LocalModel::load(&model_path(), &LoadOptions::default()).unwrap();
+    let reply = "Where does Ana keep her bees?";
+    let fresh = m
+        .reply_log_probability(&messages(), reply, Weights::Base)
+        .unwrap();
+    m.clear_scored_prompts();
+
+    let kept = m.keep_scored_prompt(&messages(), Weights::Base).unwrap();
+    assert!(kept.read);
+    let stats = m.scored_prompt_stats();
+    assert_eq!((stats.prompts, stats.bytes), (1, kept.bytes));
+    let again = m.keep_scored_prompt(&messages(), Weights::Base).unwrap();
+    assert!(!again.read, "a kept prompt is not read again");
+    assert_eq!(again.bytes, kept.bytes);
+    let ahead = m
+        .reply_log_probability(&messages(), reply, Weights::Base)
+        .unwrap();
+    assert_eq!(
+        m.scored_prompt_stats(),
+        stats,
+        "the reply found its prompt kept"
+    );
+    assert_eq!(
+        ahead.to_bits(),
+        fresh.to_bits(),
+        "ahead {ahead}, fresh {fresh}"
+    );
+
+    // With a budget of 0 the prompt is read and not kept.
+    m.set_scored_prompt_budget(0);
+    let none = m.keep_scored_prompt(&messages(), Weights::Base).unwrap();
+    assert_eq!((none.read, none.bytes), (true, 0));
+    assert_eq!(m.scored_prompt_stats().prompts, 0);
+}
