@@ -7,6 +7,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::error::Result;
+use memagent_engine::prefix::{KeptPrompt, ScoredPromptStats};
 use memagent_engine::Message;
 use memagent_engine::Tokenizer;
 use memagent_engine::{DecodeStats, GenerateOptions, LocalModel, StopReason, Weights};
@@ -77,6 +78,20 @@ pub trait Backend {
              needs the local model (--backend local)",
             self.model_name()
         )))
+    }
+
+    /// Reads ahead the prompt [`Backend::reply_log_probability`] reads for
+    /// `user_message` and keeps it, so that a reply scored to it later reads only its own
+    /// tokens (with the same result); a prompt kept already is marked as just used. `None`
+    /// for a backend that keeps no prompts (a remote server).
+    fn keep_scored_prompt(&self, _user_message: &str) -> Result<Option<KeptPrompt>> {
+        Ok(None)
+    }
+
+    /// The prompts kept for scoring, their bytes and the most they may take; `None` for
+    /// a backend that keeps none.
+    fn scored_prompt_stats(&self) -> Option<ScoredPromptStats> {
+        None
     }
 
     /// One assistant reply to a whole conversation (system, user and assistant
@@ -157,6 +172,18 @@ impl Backend for LocalModel {
             reply,
             Weights::Base,
         )?)
+    }
+
+    fn keep_scored_prompt(&self, user_message: &str) -> Result<Option<KeptPrompt>> {
+        Ok(Some(LocalModel::keep_scored_prompt(
+            self,
+            &[Message::user(user_message)],
+            Weights::Base,
+        )?))
+    }
+
+    fn scored_prompt_stats(&self) -> Option<ScoredPromptStats> {
+        Some(LocalModel::scored_prompt_stats(self))
     }
 
     fn complete_batch(

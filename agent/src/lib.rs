@@ -38,6 +38,7 @@ use memagent_engine::{DecodeStats, GenerateOptions, StopReason, DEFAULT_DRAFT_TO
 
 pub use backend::{Backend, Completion, TextTokenizer, Timings};
 pub use error::{Error, Result};
+pub use memagent_engine::prefix::{KeptPrompt, ScoredPromptStats};
 pub use protocol::{
     extract_answer, memory_text, FinalForm, Template, DIRECT_BOXED, DIRECT_EVAL, FINAL_BOXED,
     FINAL_EVAL, GENERAL_ANSWER, GENERAL_COMPACT, GENERAL_LINES, GENERAL_UPDATE, NO_MEMORY,

@@ -238,7 +238,7 @@ pub fn rerank(
     let rest = found.split_off(n);
     let mut scored = Vec::with_capacity(n);
     for mut e in found {
-        let message = format!("{}\n\n{RERANK_PROMPT}", e.hit.text);
+        let message = rerank_message(&e.hit.text);
         e.likelihood = Some(backend.reply_log_probability(&message, question)?);
         scored.push(e);
     }
@@ -254,6 +254,88 @@ pub fn rerank(
     scored.sort_by(|a, b| sum(b).total_cmp(&sum(a)));
     scored.extend(rest);
     Ok(scored)
+}
+
+/// The message whose reply [`rerank`] scores a question as: `passage` (as stored) and
+/// [`RERANK_PROMPT`].
+fn rerank_message(passage: &str) -> String {
+    format!("{passage}\n\n{RERANK_PROMPT}")
+}
+
+/// Passages read ahead for [`rerank`] while nothing waits on the model, one at a time
+/// ([`ReadAhead::step`]), so that a question ranking them later reads only its own
+/// tokens (0.3 s a passage less with the default model on 2 cores): a stream's newest
+/// passages that fit together in what the backend keeps
+/// ([`Backend::scored_prompt_stats`]), read newest first and, once read, marked as used
+/// oldest first, so that what the backend drops first when later passages come is the
+/// oldest. A backend that keeps nothing (a remote server) reads nothing ahead.
+#[derive(Debug, Default)]
+pub struct ReadAhead {
+    /// Messages still to read, the newest passage's first.
+    queue: std::collections::VecDeque<String>,
+    /// Messages of this round kept, the newest passage's first.
+    kept: Vec<String>,
+    /// Bytes they take kept, and the most one took.
+    bytes: usize,
+    largest: usize,
+    /// Passages the model read ahead since start.
+    read: usize,
+}
+
+impl ReadAhead {
+    /// Starts a round over `passages` (a stream's, oldest first), in place of what is
+    /// left of the round before.
+    pub fn plan<'a>(&mut self, passages: impl DoubleEndedIterator<Item = &'a str>) {
+        self.queue = passages.rev().map(rerank_message).collect();
+        self.kept.clear();
+        self.bytes = 0;
+        self.largest = 0;
+    }
+
+    /// Passages left to read or find kept in this round.
+    pub fn pending(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Whether the round is over (nothing to read, nothing to mark).
+    pub fn is_idle(&self) -> bool {
+        self.queue.is_empty() && self.kept.is_empty()
+    }
+
+    /// Passages the model read ahead so far (those found kept already not counted).
+    pub fn read(&self) -> usize {
+        self.read
+    }
+
+    /// Reads (or finds kept) the round's next passage; when the round ends (no passage
+    /// left, or the next might not fit beside those kept in it), marks those kept as
+    /// used, oldest first. Whether the model read a passage.
+    pub fn step(&mut self, backend: &dyn Backend) -> Result<bool> {
+        let budget = backend.scored_prompt_stats().map_or(0, |s| s.budget);
+        let next = self
+            .queue
+            .pop_front()
+            .filter(|_| self.bytes + self.largest <= budget);
+        let Some(message) = next else {
+            self.queue.clear();
+            for message in self.kept.drain(..).rev() {
+                backend.keep_scored_prompt(&message)?;
+            }
+            return Ok(false);
+        };
+        let Some(kept) = backend.keep_scored_prompt(&message)? else {
+            self.queue.clear();
+            self.kept.clear();
+            return Ok(false);
+        };
+        if kept.bytes > 0 {
+            self.kept.push(message);
+            self.bytes += kept.bytes;
+            self.largest = self.largest.max(kept.bytes);
+        }
+        self.read += usize::from(kept.read);
+        Ok(kept.read)
+    }
 }
 
 /// Tokens of passages an answer reads by default, its prompts together: each prompt
@@ -443,6 +525,61 @@ pub fn unlabelled(answer: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A round reads a stream's newest passages that fit in what the model keeps, newest
+    /// first, and leaves them used oldest first: a passage scored next, when there is no
+    /// room left, drops the older of them and keeps the newest (real default model).
+    #[test]
+    fn passages_read_ahead_are_the_newest_that_fit_and_the_oldest_goes_first() {
+        use memagent_engine::{LoadOptions, LocalModel, Message, Weights};
+        let path = std::env::var_os("MEMAGENT_MODEL").map_or_else(
+            || {
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+            },
+            Into::into,
+        );
+        let m = LocalModel::load(&path, &LoadOptions::default()).unwrap();
+        let passages = [
+            "Ana: The pottery class moved to Thursdays, and the kiln is finally fixed, so we \
+             glaze the bowls next week before the market in the old square.",
+            "Ben: The fencing club meets on Tuesdays now.",
+            "Ana: I keep bees on the roof of my flat in Porto.",
+            "Ben: My aunt sent a crate of oranges.",
+        ];
+        let keep = |p: &str| {
+            m.keep_scored_prompt(&[Message::user(rerank_message(p))], Weights::Base)
+                .unwrap()
+        };
+        let sizes: Vec<usize> = passages
+            .iter()
+            .map(|p| {
+                m.clear_scored_prompts();
+                keep(p).bytes
+            })
+            .collect();
+        m.clear_scored_prompts();
+        assert!(sizes[0] > sizes[2].max(sizes[3]), "{sizes:?}");
+        // Room for the two newest, not for a third of their size beside them.
+        m.set_scored_prompt_budget(sizes[2] + sizes[3] + sizes[2].max(sizes[3]) - 1);
+
+        let mut ahead = ReadAhead::default();
+        ahead.plan(passages.iter().copied());
+        while !ahead.is_idle() {
+            ahead.step(&m).unwrap();
+        }
+        assert_eq!(ahead.read(), 2);
+        assert_eq!(m.scored_prompt_stats().prompts, 2);
+        // The oldest passage scored: no room beside both, so the older of them goes.
+        m.reply_log_probability(
+            &[Message::user(rerank_message(passages[0]))],
+            "Where are the bowls glazed?",
+            Weights::Base,
+        )
+        .unwrap();
+        assert!(!keep(passages[3]).read, "the newest passage is still kept");
+        assert!(keep(passages[2]).read, "the older of the two went first");
+    }
 
     /// One token per word.
     struct Words;

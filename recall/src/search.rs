@@ -182,6 +182,14 @@ impl Recall {
     /// Every passage stored for a stream, by start: what a rebuild must reproduce (the
     /// scores are left empty).
     pub fn passages(&self, stream: u64) -> Result<Vec<Hit>> {
+        let mut hits = self.latest_passages(stream, usize::MAX)?;
+        hits.sort_by_key(|h| (h.start, h.end));
+        Ok(hits)
+    }
+
+    /// A stream's `n` passages that start last, oldest first (the scores left empty):
+    /// only those are read from the index.
+    pub fn latest_passages(&self, stream: u64, n: usize) -> Result<Vec<Hit>> {
         let searcher = self.reader.searcher();
         let q = TermQuery::new(
             Term::from_field_u64(self.f.stream_id, stream),
@@ -190,12 +198,17 @@ impl Recall {
         let addresses = searcher
             .search(&q, &tantivy::collector::DocSetCollector)
             .map_err(|e| self.err(e))?;
-        let mut hits = Vec::with_capacity(addresses.len());
-        for address in addresses {
+        let mut placed = addresses
+            .into_iter()
+            .map(|a| Ok((self.position(&searcher, a)?.1, a)))
+            .collect::<Result<Vec<(u64, DocAddress)>>>()?;
+        placed.sort_by_key(|&(start, a)| std::cmp::Reverse((start, a)));
+        placed.truncate(n);
+        let mut hits = Vec::with_capacity(placed.len());
+        for (_, address) in placed.into_iter().rev() {
             let doc: TantivyDocument = searcher.doc(address).map_err(|e| self.err(e))?;
             hits.push(self.hit(&doc));
         }
-        hits.sort_by_key(|h| (h.start, h.end));
         Ok(hits)
     }
 
