@@ -108,6 +108,10 @@ pub struct DaemonConfig {
     pub name: Option<String>,
     /// Seconds a stream's lease lasts unless renewed, in a shared database [default: 30].
     pub lease_seconds: Option<f64>,
+    /// Whether the model reads each stream's newest passages ahead while idle (up to the
+    /// 1 GiB it keeps of them), so that requests ranking passages again (`rerank`) read
+    /// only their question [default: true when `[proxy] rerank` is set, else false].
+    pub read_ahead: Option<bool>,
 }
 
 /// The configuration file's path: `--config` (or `MEMAGENT_CONFIG`), else

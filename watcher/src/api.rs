@@ -4,7 +4,7 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | `GET /v1/status` | the daemon, the model, its resident memory, and per stream pending work, lag, throughput |
+//! | `GET /v1/status` | the daemon, the model, its resident memory, the passages read ahead, and per stream pending work, lag, throughput |
 //! | `GET /v1/streams` | the streams (as `memctl streams list --json`) |
 //! | `DELETE /v1/streams?stream=S` | removes a stream |
 //! | `POST /v1/append` `{stream, text, source?, force?}` | commit 1; the daemon reads it in |
@@ -68,6 +68,8 @@ pub(crate) struct AppState {
     pub recall: Arc<Recall>,
     /// How long a write may take before it is reported as failed.
     pub write_timeout: std::time::Duration,
+    /// Whether the engine reads new passages ahead ([`crate::DaemonOptions::read_ahead`]).
+    pub read_ahead: bool,
 }
 
 /// Bytes a request body may hold.
@@ -356,10 +358,19 @@ fn status_of(state: &AppState, rows: ApiResult<Vec<Value>>) -> Value {
         }
         _ => "ok".into(),
     };
+    let ahead = state.engine.read_ahead_status();
+    let count = |n: &std::sync::atomic::AtomicUsize| n.load(std::sync::atomic::Ordering::Relaxed);
     json!({
         "store": store_state,
         "space": space,
         "daemon": *state.info,
+        "read_ahead": {
+            "on": state.read_ahead,
+            "passages_read": count(&ahead.read),
+            "pending": count(&ahead.pending),
+            "kept_prompts": count(&ahead.kept),
+            "kept_bytes": count(&ahead.kept_bytes),
+        },
         "uptime_seconds": stats.started.elapsed().as_secs_f64(),
         "files": stats.files,
         "scans": stats.scans,

@@ -212,6 +212,9 @@ pub struct DaemonOptions {
     /// How long a stream's lease lasts unless renewed (a shared database): a daemon
     /// that dies leaves its streams to the others after this long.
     pub lease: Duration,
+    /// Whether the model reads a stream's newest passages ahead while idle, once they are
+    /// indexed, so that requests ranking passages again find them read.
+    pub read_ahead: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -250,6 +253,7 @@ impl Default for DaemonOptions {
             stop_timeout: Duration::from_secs(10),
             name: default_name(),
             lease: Duration::from_secs(30),
+            read_ahead: false,
         }
     }
 }

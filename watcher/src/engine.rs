@@ -3,12 +3,13 @@
 //! as one batch); each request carries the sender for its reply, so nothing waiting on
 //! the model blocks the async runtime.
 
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 
 use memagent_agent::{Completion, MemoryAgent};
 use memagent_engine::Message;
 use memagent_memory::{
-    answer_with_evidence, Answer, Answered, Evidence, Ingestor, Plan, Query, StepOutcome,
+    answer_with_evidence, Answer, Answered, Evidence, Ingestor, Plan, Query, ReadAhead, StepOutcome,
 };
 use memagent_store::{Lease, MemoryVersion};
 use tokio::sync::oneshot;
@@ -87,18 +88,57 @@ pub enum Request {
         max_tokens: usize,
         reply: Reply<Completion>,
     },
+    /// Read these passages (a stream's newest, oldest first) ahead for [`Request::Rerank`]
+    /// while no other request waits ([`ReadAhead`]), in place of those left of the last
+    /// such request.
+    ReadAhead { passages: Vec<String> },
+}
+
+/// What the engine thread has read ahead, for the daemon's status.
+#[derive(Debug, Default)]
+pub struct ReadAheadStatus {
+    /// Passages read ahead since start.
+    pub read: AtomicUsize,
+    /// Passages left to read (or find kept) in this round.
+    pub pending: AtomicUsize,
+    /// Prompts kept for ranking passages again, and their bytes.
+    pub kept: AtomicUsize,
+    pub kept_bytes: AtomicUsize,
 }
 
 /// The sending side, cloned by the scheduler and the API.
 #[derive(Clone)]
 pub struct EngineHandle {
     tx: mpsc::Sender<Request>,
+    read_ahead: Arc<ReadAheadStatus>,
+}
+
+/// The receiving side, served by the thread that owns the model ([`serve`]).
+pub struct EngineRequests {
+    rx: mpsc::Receiver<Request>,
+    read_ahead: Arc<ReadAheadStatus>,
 }
 
 impl EngineHandle {
-    pub fn channel() -> (Self, mpsc::Receiver<Request>) {
+    pub fn channel() -> (Self, EngineRequests) {
         let (tx, rx) = mpsc::channel();
-        (Self { tx }, rx)
+        let read_ahead = Arc::new(ReadAheadStatus::default());
+        let requests = EngineRequests {
+            rx,
+            read_ahead: read_ahead.clone(),
+        };
+        (Self { tx, read_ahead }, requests)
+    }
+
+    /// What the engine thread has read ahead.
+    pub fn read_ahead_status(&self) -> &ReadAheadStatus {
+        &self.read_ahead
+    }
+
+    /// Has the engine read `passages` ahead while idle (see [`Request::ReadAhead`]);
+    /// false once the engine has stopped.
+    pub fn read_ahead(&self, passages: Vec<String>) -> bool {
+        self.tx.send(Request::ReadAhead { passages }).is_ok()
     }
 
     async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Request) -> Result<T, String> {
@@ -172,10 +212,41 @@ impl EngineHandle {
     }
 }
 
-/// Serves requests until every sender is gone. Runs on the thread that owns the model.
-pub fn serve(agent: &MemoryAgent<'_>, ingestor: &Ingestor<'_>, requests: mpsc::Receiver<Request>) {
-    for request in requests {
+/// Serves requests until every sender is gone. Runs on the thread that owns the model;
+/// passages to read ahead are read one at a time while no request waits.
+pub fn serve(agent: &MemoryAgent<'_>, ingestor: &Ingestor<'_>, requests: EngineRequests) {
+    let EngineRequests { rx, read_ahead } = requests;
+    let mut ahead = ReadAhead::default();
+    let publish = |ahead: &ReadAhead| {
+        read_ahead.read.store(ahead.read(), Ordering::Relaxed);
+        read_ahead.pending.store(ahead.pending(), Ordering::Relaxed);
+        let kept = agent.backend().scored_prompt_stats().unwrap_or_default();
+        read_ahead.kept.store(kept.prompts, Ordering::Relaxed);
+        read_ahead.kept_bytes.store(kept.bytes, Ordering::Relaxed);
+    };
+    loop {
+        let request = match ahead.is_idle() {
+            true => match rx.recv() {
+                Ok(request) => request,
+                Err(_) => break,
+            },
+            false => match rx.try_recv() {
+                Ok(request) => request,
+                Err(mpsc::TryRecvError::Empty) => {
+                    if let Err(e) = ahead.step(agent.backend()) {
+                        tracing::warn!("reading passages ahead: {e}");
+                    }
+                    if ahead.is_idle() {
+                        tracing::debug!("read {} passages ahead so far", ahead.read());
+                    }
+                    publish(&ahead);
+                    continue;
+                }
+                Err(mpsc::TryRecvError::Disconnected) => break,
+            },
+        };
         match request {
+            Request::ReadAhead { passages } => ahead.plan(passages.iter().map(String::as_str)),
             Request::Steps { streams, reply } => {
                 let _ = reply.send(Ok(steps(ingestor, &streams, agent)));
             }
@@ -212,6 +283,7 @@ pub fn serve(agent: &MemoryAgent<'_>, ingestor: &Ingestor<'_>, requests: mpsc::R
                 let _ = reply.send(agent.chat(&messages, max_tokens).map_err(|e| e.to_string()));
             }
         }
+        publish(&ahead);
     }
 }
 

@@ -61,7 +61,9 @@ pub use config::{
     default_name, socket_path, validate_watches, DaemonOptions, ProxyOptions, TcpOptions,
     WatchConfig, WatchFormat,
 };
-pub use engine::{serve as serve_engine, EngineHandle, Request, Step};
+pub use engine::{
+    serve as serve_engine, EngineHandle, EngineRequests, ReadAheadStatus, Request, Step,
+};
 pub use error::{Error, Result};
 pub use proxy::EVIDENCE_CHARS as PROXY_EVIDENCE_CHARS;
 
@@ -114,9 +116,10 @@ pub fn run(
     let (index_tx, index_rx) = mpsc::channel::<String>();
     let indexer = {
         let (store, recall) = (store.clone(), recall.clone());
+        let read_ahead = options.read_ahead.then(|| engine.clone());
         std::thread::Builder::new()
             .name("memagent-index".into())
-            .spawn(move || index_appends(&store, &recall, index_rx))
+            .spawn(move || index_appends(&store, &recall, index_rx, read_ahead))
             .map_err(&io)?
     };
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
@@ -139,6 +142,7 @@ pub fn run(
         arrivals: arrivals_tx.clone(),
         recall: recall.clone(),
         write_timeout: options.write_timeout,
+        read_ahead: options.read_ahead,
     };
     let data_dir = store.path().to_path_buf();
     let result = runtime.block_on(async move {
@@ -375,23 +379,51 @@ const SHARED_INDEX_POLL: std::time::Duration = std::time::Duration::from_secs(1)
 /// can commit after it, past a feed that already read the later number.
 const FULL_CATCH_UP_EVERY: u32 = 60;
 
+/// Most passages of a stream offered to the engine to read ahead: those that fit in what
+/// the model keeps are read (about 160 with the default model).
+const READ_AHEAD_PASSAGES: usize = 512;
+
 /// The indexer thread: catches the index up with every stream, then indexes each
-/// stream named on `appended` (names that queue up while it works are read once).
-/// Errors are logged with the stream and never stop it.
-fn index_appends(store: &Store, recall: &Recall, appended: mpsc::Receiver<String>) {
+/// stream named on `appended` (names that queue up while it works are read once); with
+/// `read_ahead`, the newest passages of a stream that gained some go to the engine to
+/// read ahead, and at start, when none did, the largest stream's. Errors are logged with
+/// the stream and never stop it.
+fn index_appends(
+    store: &Store,
+    recall: &Recall,
+    appended: mpsc::Receiver<String>,
+    read_ahead: Option<EngineHandle>,
+) {
+    let offer = |stream: &str, report: &memagent_recall::SyncReport| {
+        if report.passages > 0 {
+            read_ahead_latest(store, recall, read_ahead.as_ref(), stream);
+        }
+    };
+
     // The database's change number the index has caught up to (`None`: read every
     // stream next time).
     let mut mark: Option<u64> = None;
     let mut catch_ups = 0u32;
     match memagent_memory::sync_changes(store, recall, &mut mark) {
         Ok(done) => {
-            for (stream, r) in done {
+            for (stream, r) in &done {
                 tracing::info!(
                     "search index: read {} bytes of `{stream}` into {} passages in {:.1}s",
                     r.bytes,
                     r.passages,
                     r.seconds
                 );
+                offer(stream, r);
+            }
+            // Nothing new: the largest stream is read ahead (a restart keeps nothing read).
+            if done.iter().all(|(_, r)| r.passages == 0) {
+                let largest = store
+                    .streams()
+                    .ok()
+                    .and_then(|streams| streams.into_iter().max_by_key(|s| s.log_len));
+                if let Some(stream) = largest {
+                    read_ahead_latest(store, recall, read_ahead.as_ref(), &stream.name);
+                }
             }
         }
         Err(e) => tracing::error!("search index: catching up failed: {e}"),
@@ -416,6 +448,7 @@ fn index_appends(store: &Store, recall: &Recall, appended: mpsc::Receiver<String
                                     "search index: `{stream}`: {} bytes appended elsewhere",
                                     r.bytes
                                 );
+                                offer(stream, r);
                             }
                         }
                         Err(e) => tracing::error!("search index: catching up failed: {e}"),
@@ -445,16 +478,42 @@ fn index_appends(store: &Store, recall: &Recall, appended: mpsc::Receiver<String
                 give_back_freed_memory();
             }
             match result {
-                Ok(r) if r.passages > 0 => tracing::debug!(
-                    "search index: `{name}`: {} bytes, {} passages in {:.2}s",
-                    r.bytes,
-                    r.passages,
-                    r.seconds
-                ),
+                Ok(r) if r.passages > 0 => {
+                    tracing::debug!(
+                        "search index: `{name}`: {} bytes, {} passages in {:.2}s",
+                        r.bytes,
+                        r.passages,
+                        r.seconds
+                    );
+                    offer(&name, &r);
+                }
                 Ok(_) => {}
                 Err(e) => tracing::error!("search index: stream `{name}`: {e}"),
             }
         }
+    }
+}
+
+/// Has `engine` read the newest passages of `stream` ahead (none without an engine).
+fn read_ahead_latest(store: &Store, recall: &Recall, engine: Option<&EngineHandle>, stream: &str) {
+    let Some(engine) = engine else {
+        return;
+    };
+    let latest = store
+        .stream(stream)
+        .map_err(|e| e.to_string())
+        .and_then(|s| s.ok_or_else(|| "removed".to_string()))
+        .and_then(|s| {
+            recall
+                .latest_passages(s.id, READ_AHEAD_PASSAGES)
+                .map_err(|e| e.to_string())
+        });
+    match latest {
+        Ok(hits) if !hits.is_empty() => {
+            engine.read_ahead(hits.into_iter().map(|h| h.text).collect());
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("reading `{stream}` ahead: {e}"),
     }
 }
 

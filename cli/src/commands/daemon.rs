@@ -107,7 +107,14 @@ pub fn run(global: &Settings, args: &DaemonRunArgs) -> Result<()> {
         idle_seconds: idle.as_secs_f64(),
         watches: config.watch.len(),
     };
+    let read_ahead = config.daemon.read_ahead.unwrap_or_else(|| {
+        config
+            .proxy
+            .as_ref()
+            .is_some_and(|p| p.rerank.unwrap_or(0) > 0)
+    });
     let options = DaemonOptions {
+        read_ahead,
         watches: config.watch,
         idle,
         rescan,
@@ -186,7 +193,7 @@ fn start_engine(
     global: &Settings,
     args: &DaemonRunArgs,
     store: &Arc<Store>,
-    requests: std::sync::mpsc::Receiver<memagent_watcher::Request>,
+    requests: memagent_watcher::EngineRequests,
 ) -> Result<(String, Profile)> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (global, run, store) = (global.clone(), args.run.clone(), store.clone());
@@ -258,6 +265,17 @@ pub fn status(global: &Settings, json: bool) -> Result<()> {
             None => String::new(),
         }
     )?;
+    let ahead = &status["read_ahead"];
+    if ahead["on"].as_bool() == Some(true) {
+        writeln!(
+            out,
+            "read ahead: {} passages read, {} to go; {} prompts kept for ranking again ({:.0} MB)",
+            ahead["passages_read"],
+            ahead["pending"],
+            ahead["kept_prompts"],
+            ahead["kept_bytes"].as_f64().unwrap_or(0.0) / 1e6
+        )?;
+    }
     let space = &status["space"];
     if let (Some(available), Some(reserve)) =
         (space["available"].as_u64(), space["reserve"].as_u64())

@@ -230,6 +230,11 @@ fn the_proxy_hands_on_the_passages_ranked_again() {
         upstream.url
     );
     let mut daemon = Daemon::start(&root, &config, &[]);
+    let status = daemon.try_status().unwrap();
+    assert_eq!(
+        status["read_ahead"]["on"], true,
+        "ranking again reads passages ahead by default: {status}"
+    );
     let file = root.join("talk.jsonl");
     std::fs::write(&file, sittings_about_bees()).unwrap();
     let o = daemon.memctl(&["ingest", "talk", file.to_str().unwrap(), "--no-process"]);

@@ -10,7 +10,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-use crate::{append, stderr, test_root, wait_for, Daemon};
+use crate::{append, stderr, stdout, test_root, wait_for, Daemon};
 
 /// One HTTP request over the daemon's socket: the status and the body as JSON.
 fn request(daemon: &Daemon, method: &str, path: &str, body: &[u8], kind: &str) -> (u16, Value) {
@@ -259,4 +259,71 @@ fn sigkill_while_indexing_then_restart_gives_a_rebuild_s_results() {
         .as_str()
         .unwrap()
         .contains("locker code"));
+}
+
+/// With `read_ahead`, the daemon's model reads a chat's passages once they are indexed:
+/// a question ranking them again reads no passage of its own, and gets the same
+/// likelihoods, to the bit, and the same answer as the query run without a daemon, which
+/// reads every passage with the question.
+#[test]
+fn passages_read_ahead_are_ranked_again_as_if_read_with_the_question() {
+    let root = test_root("read-ahead");
+    let mut daemon = Daemon::start(&root, "[daemon]\nread_ahead = true\n", &[]);
+    let file = root.join("talk.jsonl");
+    std::fs::write(&file, crate::chats::sittings_about_bees()).unwrap();
+    let o = daemon.memctl(&["ingest", "talk", file.to_str().unwrap(), "--no-process"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let read_ahead = |daemon: &Daemon| daemon.try_status().map(|s| s["read_ahead"].clone());
+    let ahead = wait_for("the chat read ahead", Duration::from_secs(120), || {
+        read_ahead(&daemon).filter(|a| {
+            a["on"] == true && a["passages_read"].as_u64() > Some(0) && a["pending"] == 0
+        })
+    });
+    assert_eq!(ahead["kept_prompts"], ahead["passages_read"], "{ahead}");
+    let shown = daemon.memctl(&["daemon", "status"]);
+    assert!(
+        stdout(&shown).contains(&format!(
+            "read ahead: {} passages read",
+            ahead["passages_read"]
+        )),
+        "{}",
+        stdout(&shown)
+    );
+
+    let question = "What did Ben start on Tuesdays?";
+    let ask = |daemon: &Daemon| -> Value {
+        let o = daemon.memctl(&["query", "talk", question, "--rerank", "20", "--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let through = ask(&daemon);
+    let passages = through["passages"].as_array().unwrap();
+    assert!(
+        !passages.is_empty() && passages.iter().all(|p| p["likelihood"].as_f64().is_some()),
+        "{through}"
+    );
+    let after = read_ahead(&daemon).unwrap();
+    assert_eq!(
+        (&after["kept_prompts"], &after["passages_read"]),
+        (&ahead["kept_prompts"], &ahead["passages_read"]),
+        "the question read no passage of its own: {after}"
+    );
+    assert!(daemon.stop().success(), "{}", daemon.log_text());
+
+    let alone = ask(&daemon);
+    assert_eq!(alone["passages"], through["passages"]);
+    assert_eq!(alone["answer"], through["answer"]);
+
+    // A restart keeps nothing read, and nothing is new to index: the largest stream (the
+    // only one here) is read ahead again.
+    daemon.spawn();
+    wait_for(
+        "the chat read ahead again",
+        Duration::from_secs(120),
+        || {
+            read_ahead(&daemon)
+                .filter(|a| a["passages_read"] == ahead["passages_read"] && a["pending"] == 0)
+        },
+    );
+    assert!(daemon.stop().success(), "{}", daemon.log_text());
 }
