@@ -672,7 +672,8 @@ pub struct QueryArgs {
     /// them, by how likely the model finds the question after each (query likelihood:
     /// one prefill of each passage, about 0.3 s a passage on 2 cores; needs the local
     /// model; the daemon keeps what it read, so a passage ranked again later costs only
-    /// the question's tokens). 0 keeps the search's order
+    /// the question's tokens, and with `[daemon] read_ahead` reads new passages while
+    /// idle). 0 keeps the search's order
     #[arg(long, value_name = "N", default_value_t = 0,
           value_parser = rerank_depth)]
     pub rerank: usize,
@@ -1375,6 +1376,10 @@ pub struct BenchQaArgs {
     /// (`memctl query --rerank`; in the search mode too). 0 keeps the search's order
     #[arg(long, value_name = "N", default_value_t = 0, value_parser = rerank_depth)]
     pub rerank: usize,
+    /// With --rerank: before a conversation's questions, read its passages ahead as the
+    /// daemon does while idle (`[daemon] read_ahead`), timed apart from the questions
+    #[arg(long, requires = "rerank")]
+    pub read_ahead: bool,
     /// Folder for the conversations' databases, results.jsonl (appended as questions are
     /// answered), results.json, report.md and f1.svg
     #[arg(long, value_name = "DIR", default_value = "qa-results")]

@@ -155,6 +155,8 @@ pub fn run(global: &Settings, args: &BenchQaArgs) -> Result<()> {
     };
     let embedder = crate::commands::recall::load_embedder(global)?;
     let (mut asked, mut resumed) = (0usize, 0usize);
+    // Passages read ahead, and their seconds (apart from the questions').
+    let (mut read_ahead, mut read_ahead_seconds) = (0usize, 0.0f64);
     for conv in &conversations {
         let dir = args.out.join("stores").join(&conv.id);
         let store = Store::open(&dir)?;
@@ -175,6 +177,27 @@ pub fn run(global: &Settings, args: &BenchQaArgs) -> Result<()> {
         }
         let recall = Recall::open(&memagent_memory::index_dir(&dir), embedder.clone())?;
         memagent_memory::sync_stream(&store, &recall, &store.require(STREAM)?, &mut |_| {})?;
+        let left = (0..conv.questions.len()).any(|i| {
+            args.modes
+                .iter()
+                .any(|m| !done.contains(&(conv.id.clone(), i, m.clone())))
+        });
+        if let (true, true, Some(backend)) = (args.read_ahead, left, &backend) {
+            let started = Instant::now();
+            let hits = recall.latest_passages(store.require(STREAM)?.id, usize::MAX)?;
+            let read = backend.with_agent(|agent| {
+                let mut ahead = memagent_memory::ReadAhead::default();
+                ahead.plan(hits.iter().map(|h| h.text.as_str()));
+                while !ahead.is_idle() {
+                    ahead.step(agent.backend())?;
+                }
+                Ok(ahead.read())
+            })?;
+            let seconds = started.elapsed().as_secs_f64();
+            tracing::info!("{}: {read} passages read ahead in {seconds:.1}s", conv.id);
+            read_ahead += read;
+            read_ahead_seconds += seconds;
+        }
         for index in 0..conv.questions.len() {
             if !(index as u64).is_multiple_of(args.every) {
                 continue;
@@ -220,7 +243,7 @@ pub fn run(global: &Settings, args: &BenchQaArgs) -> Result<()> {
                 .iter()
                 .any(|c| c.id == r.conversation && (r.index as u64).is_multiple_of(args.every))
     });
-    report(args, &records)
+    report(args, &records, (read_ahead, read_ahead_seconds))
 }
 
 /// Appends the conversation as a chat log to a new stream (a stream already holding it,
@@ -485,7 +508,8 @@ fn summary(records: &[&Record]) -> serde_json::Value {
     })
 }
 
-fn report(args: &BenchQaArgs, records: &[Record]) -> Result<()> {
+/// `read_ahead`: passages read ahead in this run and their seconds.
+fn report(args: &BenchQaArgs, records: &[Record], read_ahead: (usize, f64)) -> Result<()> {
     let mut results = BTreeMap::new();
     for mode in &args.modes {
         let of_mode: Vec<&Record> = records.iter().filter(|r| &r.mode == mode).collect();
@@ -512,6 +536,10 @@ fn report(args: &BenchQaArgs, records: &[Record]) -> Result<()> {
         "passages": args.passages,
         "evidence_tokens": args.evidence_tokens,
         "rerank": args.rerank,
+        "read_ahead": args.read_ahead.then(|| json!({
+            "passages": read_ahead.0,
+            "seconds": read_ahead.1,
+        })),
         "without": args.without,
         "cpu": memagent_engine::bench::cpu_name(),
         "machine": memagent_engine::bench::machine(),
@@ -548,9 +576,15 @@ fn markdown(args: &BenchQaArgs, value: &serde_json::Value) -> String {
         if memory_steps(args) { "memory steps" } else { "no memory steps" },
         args.passages,
         args.evidence_tokens,
-        match args.rerank {
-            0 => String::new(),
-            n => format!(" · the best {n} ranked again by the question's likelihood"),
+        match (args.rerank, &value["read_ahead"]) {
+            (0, _) => String::new(),
+            (n, ahead) if ahead.is_object() => format!(
+                " · the best {n} ranked again by the question's likelihood · {} passages read \
+                 ahead in {:.0} s, apart from the questions",
+                ahead["passages"],
+                ahead["seconds"].as_f64().unwrap_or(0.0)
+            ),
+            (n, _) => format!(" · the best {n} ranked again by the question's likelihood"),
         },
         memagent_engine::bench::machine(),
     );
