@@ -217,6 +217,8 @@ impl EngineHandle {
 pub fn serve(agent: &MemoryAgent<'_>, ingestor: &Ingestor<'_>, requests: EngineRequests) {
     let EngineRequests { rx, read_ahead } = requests;
     let mut ahead = ReadAhead::default();
+    // Whether a backend that keeps no prompts was reported.
+    let mut told_remote = false;
     let publish = |ahead: &ReadAhead| {
         read_ahead.read.store(ahead.read(), Ordering::Relaxed);
         read_ahead.pending.store(ahead.pending(), Ordering::Relaxed);
@@ -246,7 +248,18 @@ pub fn serve(agent: &MemoryAgent<'_>, ingestor: &Ingestor<'_>, requests: EngineR
             },
         };
         match request {
-            Request::ReadAhead { passages } => ahead.plan(passages.iter().map(String::as_str)),
+            Request::ReadAhead { passages } => match agent.backend().scored_prompt_stats() {
+                Some(_) => ahead.plan(passages.iter().map(String::as_str)),
+                None if !told_remote => {
+                    told_remote = true;
+                    tracing::warn!(
+                        "read_ahead: {} keeps no prompts; passages are read ahead only with \
+                         the local model (--backend local)",
+                        agent.backend().model_name()
+                    );
+                }
+                None => {}
+            },
             Request::Steps { streams, reply } => {
                 let _ = reply.send(Ok(steps(ingestor, &streams, agent)));
             }

@@ -289,6 +289,52 @@ fn the_proxy_hands_on_the_passages_ranked_again() {
     upstream.stop();
 }
 
+/// A daemon whose model is a remote server (the loopback stand-in) reads nothing ahead,
+/// whatever `read_ahead` says, and its log says why.
+#[test]
+fn a_remote_model_reads_nothing_ahead_and_says_so() {
+    let root = test_root("read-ahead-remote");
+    let mut upstream = Upstream::start();
+    let model = crate::model_path();
+    let mut daemon = Daemon::start(
+        &root,
+        "[daemon]\nread_ahead = true\n",
+        &[
+            "--backend",
+            "openai",
+            "--base-url",
+            &upstream.url,
+            "--remote-model",
+            "up",
+            "--tokenizer",
+            model.to_str().unwrap(),
+        ],
+    );
+    let file = root.join("talk.jsonl");
+    std::fs::write(&file, sittings_about_bees()).unwrap();
+    let o = daemon.memctl(&["ingest", "talk", file.to_str().unwrap(), "--no-process"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    wait_for("the log to say why", Duration::from_secs(60), || {
+        daemon
+            .log_text()
+            .contains("read_ahead: up keeps no prompts")
+            .then_some(())
+    });
+    let status = daemon.try_status().unwrap();
+    let ahead = &status["read_ahead"];
+    assert_eq!(
+        (
+            &ahead["on"],
+            &ahead["passages_read"],
+            &ahead["kept_prompts"]
+        ),
+        (&json!(true), &json!(0), &json!(0)),
+        "{status}"
+    );
+    assert!(daemon.stop().success(), "{}", daemon.log_text());
+    upstream.stop();
+}
+
 #[test]
 fn an_unreachable_upstream_is_a_502_naming_it() {
     let root = test_root("proxy-down");
