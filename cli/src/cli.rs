@@ -750,7 +750,8 @@ pub enum DaemonCommand {
     )]
     Run(Box<DaemonRunArgs>),
     /// Whether a daemon runs for the data directory, with each stream's pending work,
-    /// lag and throughput (exit 1 when none runs)
+    /// lag and throughput, and the passages its model read ahead (`[daemon] read_ahead`)
+    /// (exit 1 when none runs)
     Status {
         #[arg(long)]
         json: bool,
