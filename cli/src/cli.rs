@@ -673,10 +673,10 @@ pub struct QueryArgs {
     /// one prefill of each passage, about 0.3 s a passage on 2 cores; needs the local
     /// model; the daemon keeps what it read, so a passage ranked again later costs only
     /// the question's tokens, and with `[daemon] read_ahead` reads new passages while
-    /// idle). 0 keeps the search's order
-    #[arg(long, value_name = "N", default_value_t = 0,
-          value_parser = rerank_depth)]
-    pub rerank: usize,
+    /// idle). 0 keeps the search's order [default: `rerank` in the config file's
+    /// `[query]`, else 0]
+    #[arg(long, value_name = "N", value_parser = rerank_depth)]
+    pub rerank: Option<usize>,
 
     /// Print the answer with the version it came from (and the passages, with their
     /// provenance and scores) as JSON

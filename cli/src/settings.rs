@@ -46,6 +46,30 @@ pub struct ConfigFile {
     pub watch: Vec<WatchConfig>,
     /// The OpenAI-compatible proxy the daemon serves (`[proxy]`); off without it.
     pub proxy: Option<ProxyConfig>,
+    /// How questions are answered where a request does not say (`[query]`).
+    #[serde(default)]
+    pub query: QueryConfig,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueryConfig {
+    /// Rank the best N passages found for a question again by the local model's
+    /// likelihood of it (`memctl query --rerank N`) wherever a question does not say:
+    /// `memctl query`, MCP `recall`, the daemon's `/v1/query` and its proxy; 0 or absent:
+    /// the search's order.
+    pub rerank: Option<usize>,
+}
+
+impl ConfigFile {
+    /// Passages the daemon's proxy ranks again: `[proxy] rerank`, else `[query] rerank`.
+    pub fn proxy_rerank(&self) -> usize {
+        self.proxy
+            .as_ref()
+            .and_then(|p| p.rerank)
+            .or(self.query.rerank)
+            .unwrap_or(0)
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -61,8 +85,8 @@ pub struct ProxyConfig {
     /// The environment variable holding the upstream's API key, if it needs one.
     pub upstream_api_key_env: Option<String>,
     /// Rank the best N passages found for each request again by the local model's
-    /// likelihood of its latest user message (as `memctl query --rerank N`); 0 or absent:
-    /// the search's order.
+    /// likelihood of its latest user message (as `memctl query --rerank N`); 0: the
+    /// search's order; absent: `[query] rerank`.
     pub rerank: Option<usize>,
 }
 
@@ -110,7 +134,8 @@ pub struct DaemonConfig {
     pub lease_seconds: Option<f64>,
     /// Whether the model reads each stream's newest passages ahead while idle (up to the
     /// 1 GiB it keeps of them), so that requests ranking passages again (`rerank`) read
-    /// only their question [default: true when `[proxy] rerank` is set, else false].
+    /// only their question [default: true when `[query]` or `[proxy]` sets `rerank`,
+    /// else false].
     pub read_ahead: Option<bool>,
 }
 
@@ -163,12 +188,18 @@ impl ConfigFile {
                 bail!("{key}: must be at least 1");
             }
         }
+        let max = memagent_memory::RERANK_MAX;
+        let proxy_rerank = self.proxy.as_ref().and_then(|p| p.rerank);
+        for (key, value) in [
+            ("query.rerank", self.query.rerank),
+            ("proxy.rerank", proxy_rerank),
+        ] {
+            if value.unwrap_or(0) > max {
+                bail!("{key}: must be at most {max} (passages ranked again)");
+            }
+        }
         if let Some(proxy) = &self.proxy {
             listen_addr(&proxy.listen).context("proxy.listen")?;
-            let max = memagent_memory::RERANK_MAX;
-            if proxy.rerank.unwrap_or(0) > max {
-                bail!("proxy.rerank: must be at most {max} (passages ranked again)");
-            }
             if let Some(upstream) = &proxy.upstream {
                 if !(upstream.starts_with("http://") || upstream.starts_with("https://")) {
                     bail!(
@@ -525,6 +556,29 @@ mod tests {
         );
     }
 
+    /// `[query] rerank` is every surface's default, the proxy's too unless `[proxy]` says,
+    /// within the same limit.
+    #[test]
+    fn a_query_rerank_is_the_default_of_the_proxy_too_within_the_limit() {
+        let path = Path::new("/etc/memagent/config.toml");
+        let max = memagent_memory::RERANK_MAX;
+        let config = ConfigFile::parse("[query]\nrerank = 20\n", path).unwrap();
+        assert_eq!(config.query.rerank, Some(20));
+        let proxy = "[proxy]\nlisten = \"8766\"\n";
+        let config = ConfigFile::parse(&format!("[query]\nrerank = 20\n{proxy}"), path).unwrap();
+        assert_eq!(config.proxy_rerank(), 20);
+        let own = format!("[query]\nrerank = 20\n{proxy}rerank = 0\n");
+        assert_eq!(ConfigFile::parse(&own, path).unwrap().proxy_rerank(), 0);
+        assert_eq!(ConfigFile::parse(proxy, path).unwrap().proxy_rerank(), 0);
+        let over = format!("[query]\nrerank = {}\n", max + 1);
+        let err = format!("{:#}", ConfigFile::parse(&over, path).unwrap_err());
+        assert!(
+            err.contains("config.toml")
+                && err.contains(&format!("query.rerank: must be at most {max}")),
+            "{err}"
+        );
+    }
+
     /// A configuration file's lines, right and wrong: known keys with values of every
     /// kind, unknown keys, tables, broken TOML.
     fn config_text() -> impl proptest::strategy::Strategy<Value = String> {
@@ -547,6 +601,7 @@ mod tests {
             "ask",
             "upstream",
             "rerank",
+            "read_ahead",
             "kind",
             "unknown_key",
         ]);
@@ -569,6 +624,7 @@ mod tests {
                 "[profile]",
                 "[backend]",
                 "[proxy]",
+                "[query]",
                 "[[watch]]",
                 "[nope]",
                 "[[",

@@ -12,7 +12,7 @@
 //! | `GET /v1/history?stream=S` | every memory version |
 //! | `GET /v1/answers?stream=S` | the standing questions' answers, by version |
 //! | `POST /v1/memory` `{stream, version}` | adds a version written by a person |
-//! | `POST /v1/query` `{stream, question, at?, deep?}` | an answer from the memory |
+//! | `POST /v1/query` `{stream, question, at?, deep?, rerank?}` | an answer from the memory |
 //! | `POST /v1/query` `{stream, questions: [..], at?, deep?}` | `{stream, answers: [..]}`, decoded as one batch |
 //! | `POST /v1/search` `{stream? \| streams? \| all?, text, k?}` | `{text, passages: [..]}`: passages with provenance and scores |
 //!
@@ -70,6 +70,8 @@ pub(crate) struct AppState {
     pub write_timeout: std::time::Duration,
     /// Whether the engine reads new passages ahead ([`crate::DaemonOptions::read_ahead`]).
     pub read_ahead: bool,
+    /// Passages a query that does not say ranks again ([`crate::DaemonOptions::rerank`]).
+    pub rerank: usize,
 }
 
 /// Bytes a request body may hold.
@@ -526,9 +528,9 @@ struct QueryBody {
     #[serde(default = "default_k")]
     k: usize,
     /// The best this many passages found ranked again by the model's likelihood of the
-    /// question (`memctl query --rerank`), at most `RERANK_MAX`; 0 keeps the search's order.
-    #[serde(default)]
-    rerank: usize,
+    /// question (`memctl query --rerank`), at most `RERANK_MAX`; 0 keeps the search's
+    /// order; absent: the daemon's default ([`crate::DaemonOptions::rerank`]).
+    rerank: Option<usize>,
 }
 
 fn default_evidence_tokens() -> usize {
@@ -557,7 +559,8 @@ async fn query(State(state): State<AppState>, Json(body): Json<QueryBody>) -> Ap
             false => bad("the question is empty"),
         };
     }
-    if let Some(e) = memagent_memory::rerank_field_error(body.rerank) {
+    let rerank = body.rerank.unwrap_or(state.rerank);
+    if let Some(e) = memagent_memory::rerank_field_error(rerank) {
         return bad(&e);
     }
     let query = memagent_memory::Query {
@@ -565,7 +568,7 @@ async fn query(State(state): State<AppState>, Json(body): Json<QueryBody>) -> Ap
         questions,
         at: body.at,
         mode: Mode::from_flags(body.deep, body.memory_only, body.k, body.evidence_tokens),
-        rerank: body.rerank,
+        rerank,
     };
     let what = format!("finding what `{}` holds for the question", body.stream);
     let (query, plan) = store_call(&state, what, move |state| {

@@ -215,6 +215,8 @@ pub struct DaemonOptions {
     /// Whether the model reads a stream's newest passages ahead while idle, once they are
     /// indexed, so that requests ranking passages again find them read.
     pub read_ahead: bool,
+    /// Passages a `/v1/query` that does not say ranks again ([`memagent_memory::rerank`]).
+    pub rerank: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -254,6 +256,7 @@ impl Default for DaemonOptions {
             name: default_name(),
             lease: Duration::from_secs(30),
             read_ahead: false,
+            rerank: 0,
         }
     }
 }

@@ -143,6 +143,7 @@ pub fn run(
         recall: recall.clone(),
         write_timeout: options.write_timeout,
         read_ahead: options.read_ahead,
+        rerank: options.rerank,
     };
     let data_dir = store.path().to_path_buf();
     let result = runtime.block_on(async move {

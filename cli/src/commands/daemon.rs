@@ -107,14 +107,15 @@ pub fn run(global: &Settings, args: &DaemonRunArgs) -> Result<()> {
         idle_seconds: idle.as_secs_f64(),
         watches: config.watch.len(),
     };
-    let read_ahead = config.daemon.read_ahead.unwrap_or_else(|| {
-        config
-            .proxy
-            .as_ref()
-            .is_some_and(|p| p.rerank.unwrap_or(0) > 0)
-    });
+    let rerank = config.query.rerank.unwrap_or(0);
+    let proxy_reranks = config.proxy.is_some() && config.proxy_rerank() > 0;
+    let read_ahead = config
+        .daemon
+        .read_ahead
+        .unwrap_or(rerank > 0 || proxy_reranks);
     let options = DaemonOptions {
         read_ahead,
+        rerank,
         watches: config.watch,
         idle,
         rescan,
@@ -183,7 +184,7 @@ fn proxy_options(config: &settings::ConfigFile) -> Result<Option<ProxyOptions>> 
         token,
         upstream: proxy.upstream.clone(),
         upstream_key,
-        rerank: proxy.rerank.unwrap_or(0),
+        rerank: config.proxy_rerank(),
     }))
 }
 

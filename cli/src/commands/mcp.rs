@@ -109,9 +109,10 @@ struct RecallParams {
     memory_only: bool,
     /// Rank the best this many passages found again by the model's likelihood of the
     /// question before the answer reads them (slower: one prefill of each passage;
-    /// at most 200); 0 or absent keeps the search's order
+    /// at most 200); 0 keeps the search's order; absent: the configuration's
+    /// `[query] rerank`, else 0
     #[serde(default)]
-    rerank: usize,
+    rerank: Option<usize>,
 }
 
 #[derive(Debug, Deserialize, rmcp::schemars::JsonSchema)]
@@ -221,7 +222,11 @@ impl Shared {
         if p.deep && p.version.is_some() {
             bail!("`deep` reads the stored text again and answers from its own memory; leave out `version`");
         }
-        if let Some(e) = memagent_memory::rerank_field_error(p.rerank) {
+        let rerank = match p.rerank {
+            Some(n) => n,
+            None => self.global.config()?.query.rerank.unwrap_or(0),
+        };
+        if let Some(e) = memagent_memory::rerank_field_error(rerank) {
             bail!(e);
         }
         let query = memagent_memory::Query {
@@ -229,7 +234,7 @@ impl Shared {
             questions: vec![p.question],
             at: p.version,
             mode: Mode::from_flags(p.deep, p.memory_only, PASSAGES_K, EVIDENCE_TOKENS),
-            rerank: p.rerank,
+            rerank,
         };
         let answer = match Db::open(&self.global)? {
             Db::Daemon(client) => daemon_answers(&client, &query)?,

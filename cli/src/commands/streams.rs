@@ -213,7 +213,10 @@ pub fn query(global: &Settings, args: &QueryArgs) -> Result<()> {
             args.passages,
             args.evidence_tokens,
         ),
-        rerank: args.rerank,
+        rerank: match args.rerank {
+            Some(n) => n,
+            None => global.config()?.query.rerank.unwrap_or(0),
+        },
     };
     let answers = match Db::open(global)? {
         Db::Daemon(client) => daemon_answers(&client, &query)?,

@@ -261,14 +261,15 @@ fn sigkill_while_indexing_then_restart_gives_a_rebuild_s_results() {
         .contains("locker code"));
 }
 
-/// With `read_ahead`, the daemon's model reads a chat's passages once they are indexed:
-/// a question ranking them again reads no passage of its own, and gets the same
-/// likelihoods, to the bit, and the same answer as the query run without a daemon, which
-/// reads every passage with the question.
+/// With `[query] rerank`, every question is ranked again unless it says otherwise, and
+/// the daemon reads a chat's passages ahead once they are indexed: a question ranking
+/// them again reads no passage of its own, and gets the same likelihoods, to the bit, and
+/// the same answer as the query run without a daemon, which reads every passage with the
+/// question.
 #[test]
 fn passages_read_ahead_are_ranked_again_as_if_read_with_the_question() {
     let root = test_root("read-ahead");
-    let mut daemon = Daemon::start(&root, "[daemon]\nread_ahead = true\n", &[]);
+    let mut daemon = Daemon::start(&root, "[query]\nrerank = 20\n", &[]);
     let file = root.join("talk.jsonl");
     std::fs::write(&file, crate::chats::sittings_about_bees()).unwrap();
     let o = daemon.memctl(&["ingest", "talk", file.to_str().unwrap(), "--no-process"]);
@@ -291,17 +292,35 @@ fn passages_read_ahead_are_ranked_again_as_if_read_with_the_question() {
     );
 
     let question = "What did Ben start on Tuesdays?";
-    let ask = |daemon: &Daemon| -> Value {
-        let o = daemon.memctl(&["query", "talk", question, "--rerank", "20", "--json"]);
+    let ask = |daemon: &Daemon, flags: &[&str]| -> Value {
+        let o = daemon.memctl(&[&["query", "talk", question, "--json"], flags].concat());
         assert!(o.status.success(), "{}", stderr(&o));
         serde_json::from_slice(&o.stdout).unwrap()
     };
-    let through = ask(&daemon);
-    let passages = through["passages"].as_array().unwrap();
+    let ranked = |answer: &Value| -> Vec<bool> {
+        let passages = answer["passages"].as_array().unwrap();
+        assert!(!passages.is_empty(), "{answer}");
+        passages.iter().map(|p| p["likelihood"].is_f64()).collect()
+    };
+    let through = ask(&daemon, &[]);
+    assert!(ranked(&through).iter().all(|&r| r), "{through}");
     assert!(
-        !passages.is_empty() && passages.iter().all(|p| p["likelihood"].as_f64().is_some()),
-        "{through}"
+        ranked(&ask(&daemon, &["--rerank", "0"]))
+            .iter()
+            .all(|&r| !r),
+        "--rerank 0 keeps the search's order"
     );
+    // A request of the API that does not say gets the daemon's default.
+    let body = json!({"stream": "talk", "question": question}).to_string();
+    let (code, api) = request(
+        &daemon,
+        "POST",
+        "/v1/query",
+        body.as_bytes(),
+        "application/json",
+    );
+    assert_eq!(code, 200, "{api}");
+    assert_eq!(api["passages"], through["passages"]);
     let after = read_ahead(&daemon).unwrap();
     assert_eq!(
         (&after["kept_prompts"], &after["passages_read"]),
@@ -310,7 +329,7 @@ fn passages_read_ahead_are_ranked_again_as_if_read_with_the_question() {
     );
     assert!(daemon.stop().success(), "{}", daemon.log_text());
 
-    let alone = ask(&daemon);
+    let alone = ask(&daemon, &[]);
     assert_eq!(alone["passages"], through["passages"]);
     assert_eq!(alone["answer"], through["answer"]);
 

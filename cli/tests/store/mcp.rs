@@ -134,6 +134,36 @@ fn an_mcp_client_remembers_recalls_and_reads_memory() {
     assert_eq!(store.versions(&notes, GENERAL).unwrap().len(), 2);
 }
 
+/// A `recall` that does not say how many passages to rank again takes the configuration
+/// file's `[query] rerank`; one saying 0 keeps the search's order.
+#[test]
+fn an_mcp_recall_ranks_again_as_the_configuration_says_unless_it_says() {
+    let dir = data_dir("mcp-query-rerank");
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("config.toml");
+    std::fs::write(&config, "[query]\nrerank = 4\n").unwrap();
+    let server = memctl(&dir, &["--config", config.to_str().unwrap(), "mcp"]);
+    let question = json!({"stream": "notes", "question": "Who is the harbour master?"});
+    let mut unranked = question.clone();
+    unranked["rerank"] = json!(0);
+    let r = crate::clients::mcp_session(
+        &server,
+        &[
+            json!(["call", "remember", {"stream": "notes", "text": "Harbour notes for this week.\n"}]),
+            json!(["call", "remember", {"stream": "notes", "text": "The harbour master is called Ines Duarte.\n"}]),
+            json!(["call", "recall", question]),
+            json!(["call", "recall", unranked]),
+        ],
+    );
+    let likelihoods = |reply: &Value| -> Vec<bool> {
+        let passages = ok_call(reply)["passages"].as_array().unwrap().clone();
+        assert!(!passages.is_empty(), "{reply:#}");
+        passages.iter().map(|p| p["likelihood"].is_f64()).collect()
+    };
+    assert!(likelihoods(&r[2]).iter().all(|&l| l), "{:#}", r[2]);
+    assert!(likelihoods(&r[3]).iter().all(|&l| !l), "{:#}", r[3]);
+}
+
 /// Starts `memctl mcp`, sends `lines` (JSON-RPC messages) and reads one reply line per
 /// request, then closes its standard input: the exit status, within a deadline.
 fn session_then_eof(dir: &Path, lines: &[Value]) -> (std::process::ExitStatus, Vec<Value>) {
