@@ -417,7 +417,7 @@ fn index_appends(
                 offer(stream, r);
             }
             // Nothing new: the largest stream is read ahead (a restart keeps nothing read).
-            if done.iter().all(|(_, r)| r.passages == 0) {
+            if read_ahead.is_some() && done.iter().all(|(_, r)| r.passages == 0) {
                 let largest = store
                     .streams()
                     .ok()
