@@ -1359,8 +1359,9 @@ pub struct BenchQaArgs {
     pub every: u64,
     /// Answer modes: `evidence` (memory and passages, as `memctl query`), `memory` (the
     /// memory alone, `--memory-only`), `search` (no answer: the search alone, for its
-    /// evidence recall at 1, 5 and 10 passages), `direct` (the baseline: as much of the
-    /// conversation's end as fits the model's context, in one prompt)
+    /// evidence recall at 1, 5 and 10 passages; results.jsonl lists each question's
+    /// passages found, with their turns, scores and likelihoods), `direct` (the baseline:
+    /// as much of the conversation's end as fits the model's context, in one prompt)
     #[arg(long, value_delimiter = ',', default_value = "evidence")]
     pub modes: Vec<String>,
     /// Leave the general memory empty (skip the memory steps): passages alone

@@ -63,8 +63,24 @@ struct Record {
     /// Search mode: the share at 1, 5 and 10 passages.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     recall_at: Vec<f64>,
+    /// Search mode: the passages found, in the search's order (before ranking again),
+    /// so that measures of another depth or order need no second run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    found: Vec<Found>,
     seconds: f64,
     model_calls: usize,
+}
+
+/// A passage the search found for a question.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Found {
+    /// The turns it holds.
+    turns: Vec<String>,
+    /// Its fused score.
+    score: f64,
+    /// Ranked again (`--rerank`): the model's mean log-probability of the question after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    likelihood: Option<f64>,
 }
 
 /// Where each turn of a conversation lies in its stream's log.
@@ -326,6 +342,7 @@ impl Asking<'_> {
             turns_shown: Vec::new(),
             shown_recall: None,
             recall_at: Vec::new(),
+            found: Vec::new(),
             seconds: 0.0,
             model_calls: 0,
         };
@@ -339,6 +356,7 @@ impl Asking<'_> {
                 &q.question,
                 deepest.max(self.args.rerank),
             )?;
+            let order: Vec<(u64, u64)> = found.iter().map(|e| (e.hit.start, e.hit.end)).collect();
             if let (n @ 1.., Some(backend)) = (self.args.rerank, self.backend) {
                 found = backend.with_agent(|agent| {
                     Ok(memagent_memory::rerank(
@@ -362,6 +380,15 @@ impl Asking<'_> {
             }
             record.evidence_recall = recall_of(&record.evidence, &record.turns_read);
             record.seconds = started.elapsed().as_secs_f64();
+            record.found = order
+                .into_iter()
+                .filter_map(|span| found.iter().find(|e| (e.hit.start, e.hit.end) == span))
+                .map(|e| Found {
+                    turns: self.layout.turns_in(e.hit.start, e.hit.end),
+                    score: e.hit.score,
+                    likelihood: e.likelihood,
+                })
+                .collect();
             return Ok(record);
         }
         let backend = self.backend.ok_or_else(|| anyhow!("no model"))?;

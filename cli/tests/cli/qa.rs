@@ -1,6 +1,6 @@
 //! `memctl bench qa` on a conversation of our own JSON Lines: the direct baseline reads
 //! the whole conversation when it fits the context, in one model call, and the search
-//! mode reports its recall at each depth.
+//! mode reports its recall at each depth and the passages it found.
 
 use super::{stderr, with_model};
 
@@ -38,6 +38,8 @@ fn the_direct_baseline_reads_a_short_conversation_whole() {
         "--modes",
         "direct,search",
         "--no-memory",
+        "--rerank",
+        "3",
         "--out",
         out.to_str().unwrap(),
     ]);
@@ -54,6 +56,23 @@ fn the_direct_baseline_reads_a_short_conversation_whole() {
     assert!(!direct["answer"].as_str().unwrap().is_empty());
     let search = records.iter().find(|r| r["mode"] == "search").unwrap();
     assert_eq!(search["recall_at"].as_array().unwrap().len(), 3, "{search}");
+    // The passages found, with their turns and scores (the likelihood too, ranked
+    // again), for measures without a second run.
+    let found = search["found"].as_array().unwrap();
+    assert!(found.iter().any(|f| f["turns"]
+        .as_array()
+        .unwrap()
+        .contains(&serde_json::json!("t2"))));
+    assert!(
+        found.iter().all(|f| f["score"].as_f64().unwrap() > 0.0),
+        "{search}"
+    );
+    assert!(
+        found
+            .iter()
+            .all(|f| f["likelihood"].as_f64().unwrap() < 0.0),
+        "{search}"
+    );
 
     let bad = with_model(&[
         "bench",
