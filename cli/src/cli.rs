@@ -135,7 +135,8 @@ pub enum Command {
     /// with the question.
     Query(QueryArgs),
     /// Search everything a stream stored: passages ranked by words (BM25) and by meaning
-    /// (sentence embeddings), fused by their scaled scores
+    /// (sentence embeddings), fused by their scaled scores, the best 20 ranked again by
+    /// late interaction (each telling word of the text against the passage's words)
     #[command(
         after_help = "Examples:\n  memctl search chat \"Ingrid's birthday\"\n  \
         memctl search --all \"wifi password\" -k 3 --json"

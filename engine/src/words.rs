@@ -83,6 +83,11 @@ const STOP_WORDS: &[&str] = &[
     "s",
 ];
 
+/// Whether `word` (lower case) is too common to tell sentences apart.
+pub fn is_stop_word(word: &str) -> bool {
+    STOP_WORDS.contains(&word)
+}
+
 /// The words of `text` as written, for matching: lower case, their first six
 /// characters ("birthday" meets "birthdays", "lives" does not meet "live"), stop words
 /// dropped.

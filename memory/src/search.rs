@@ -609,6 +609,7 @@ mod tests {
                 bm25_rank: None,
                 vector_rank: None,
                 similarity,
+                token_similarity: None,
             },
             None,
         )

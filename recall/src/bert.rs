@@ -22,6 +22,9 @@ pub const PACK_ROWS: usize = 512;
 /// alone or packed: a partial tile is computed by another kernel, to other last bits.
 const ROW_ALIGN: usize = 16;
 
+/// A text's unit-length mean state and the unit-length states of the tokens kept.
+pub type Encoded = (Vec<f32>, Vec<Vec<f32>>);
+
 /// A BERT encoder's configuration (the fields of `config.json` it reads).
 #[derive(Debug, Clone, serde::Deserialize)]
 pub struct Config {
@@ -276,8 +279,14 @@ impl Bert {
         })
     }
 
-    /// The unit-length mean of the last layer's states over each text's token ids.
-    pub fn embed(&self, texts: &[&[u32]]) -> candle_core::Result<Vec<Vec<f32>>> {
+    /// Each text's unit-length mean of the last layer's states over its token ids, and
+    /// the unit-length last state of each of its tokens that `keep` (the text's index,
+    /// the token's) selects, in order: one pass gives both.
+    pub fn embed_with_states(
+        &self,
+        texts: &[&[u32]],
+        keep: &dyn Fn(usize, usize) -> bool,
+    ) -> candle_core::Result<Vec<Encoded>> {
         for ids in texts {
             if ids.len() > self.max_positions {
                 candle_core::bail!(
@@ -301,14 +310,14 @@ impl Bert {
                 rows += rows_of(texts[end]);
                 end += 1;
             }
-            out.extend(self.embed_pack(&texts[start..end]));
+            out.extend(self.embed_pack(&texts[start..end], &|t, i| keep(start + t, i)));
             start = end;
         }
         Ok(out)
     }
 
     /// One block of packed texts.
-    fn embed_pack(&self, texts: &[&[u32]]) -> Vec<Vec<f32>> {
+    fn embed_pack(&self, texts: &[&[u32]], keep: &dyn Fn(usize, usize) -> bool) -> Vec<Encoded> {
         let h = self.hidden;
         // Each text's rows; an empty text is read as one [PAD] token.
         let mut spans: Vec<Range<usize>> = Vec::with_capacity(texts.len());
@@ -351,9 +360,15 @@ impl Bert {
                 &layer.output_norm,
             );
         }
+        let unit = |mut v: Vec<f32>| {
+            let norm = v.iter().map(|m| m * m).sum::<f32>().sqrt().max(1e-12);
+            v.iter_mut().for_each(|m| *m /= norm);
+            v
+        };
         spans
             .iter()
-            .map(|span| {
+            .enumerate()
+            .map(|(t, span)| {
                 let mut mean = vec![0f32; h];
                 for r in span.clone() {
                     for (m, v) in mean.iter_mut().zip(&x[r * h..][..h]) {
@@ -362,9 +377,12 @@ impl Bert {
                 }
                 let n = span.len() as f32;
                 mean.iter_mut().for_each(|m| *m /= n);
-                let norm = mean.iter().map(|m| m * m).sum::<f32>().sqrt().max(1e-12);
-                mean.iter_mut().for_each(|m| *m /= norm);
-                mean
+                let states = span
+                    .clone()
+                    .filter(|&r| keep(t, r - span.start))
+                    .map(|r| unit(x[r * h..][..h].to_vec()))
+                    .collect();
+                (unit(mean), states)
             })
             .collect()
     }

@@ -126,13 +126,33 @@ impl Embedder {
 
     /// Embeddings and the work they took.
     pub fn embed_with_stats(&self, texts: &[&str]) -> Result<(Vec<Vec<f32>>, EmbedStats)> {
+        let (embedded, stats) = self.encode(texts, false)?;
+        Ok((embedded.into_iter().map(|e| e.vector).collect(), stats))
+    }
+
+    /// Each text's unit-length embedding and the unit-length states of its telling
+    /// tokens ([`is_telling`]): what the search's late interaction compares a
+    /// question's with a passage's by, one pass giving both. The hashed
+    /// embedder has no token states.
+    pub fn embed_tokens_with_stats(&self, texts: &[&str]) -> Result<(Vec<Embedded>, EmbedStats)> {
+        self.encode(texts, true)
+    }
+
+    /// Embeddings, with the telling tokens' states when `tokens`, and the work they took.
+    fn encode(&self, texts: &[&str], tokens: bool) -> Result<(Vec<Embedded>, EmbedStats)> {
         let started = Instant::now();
         let mut stats = EmbedStats::default();
         let Some(model) = &self.model else {
-            let vectors = texts.iter().map(|t| self.hashed_vector(t)).collect();
+            let embedded = texts
+                .iter()
+                .map(|t| Embedded {
+                    vector: self.hashed_vector(t),
+                    tokens: Vec::new(),
+                })
+                .collect();
             stats.texts = texts.len();
             stats.seconds = started.elapsed().as_secs_f64();
-            return Ok((vectors, stats));
+            return Ok((embedded, stats));
         };
         let encodings = model
             .tokenizer
@@ -143,10 +163,22 @@ impl Embedder {
             stats.tokens += text.len();
             stats.flops += self.flops(text.len());
         }
-        let vectors = model.bert.embed(&ids)?;
+        let keep = |text: usize, token: usize| {
+            tokens
+                && encodings[text]
+                    .get_tokens()
+                    .get(token)
+                    .is_some_and(|t| is_telling(t))
+        };
+        let embedded = model
+            .bert
+            .embed_with_states(&ids, &keep)?
+            .into_iter()
+            .map(|(vector, tokens)| Embedded { vector, tokens })
+            .collect();
         stats.texts = texts.len();
         stats.seconds = started.elapsed().as_secs_f64();
-        Ok((vectors, stats))
+        Ok((embedded, stats))
     }
 
     /// A unit vector drawn from a generator seeded by the text's FNV-1a hash.
@@ -178,6 +210,34 @@ impl Embedder {
         per_layer * self.layers as f64
     }
 }
+
+/// A text embedded: its vector, and the states of its telling tokens.
+#[derive(Debug, Clone, Default)]
+pub struct Embedded {
+    pub vector: Vec<f32>,
+    pub tokens: Vec<Vec<f32>>,
+}
+
+/// Whether a word piece of the embedder's vocabulary tells texts apart: letters only, at
+/// least three of them (a `##` continuation counted without its marks), not a stop word
+/// nor another [`COMMON`] word (`[CLS]`, digits, punctuation, "the", "did" and "kind"
+/// are not).
+pub fn is_telling(piece: &str) -> bool {
+    let word = piece.strip_prefix("##").unwrap_or(piece);
+    word.chars().count() >= 3
+        && word.chars().all(char::is_alphabetic)
+        && !memagent_engine::words::is_stop_word(word)
+        && !COMMON.contains(&word)
+}
+
+/// Common words the stop words let through, most of them a question's frame ("what
+/// kind of", "how many", "has … ever"): a question's token matching them says nothing
+/// of the passage (every 4th question of LoCoMo's development conversations: every
+/// evidence turn within 10 for 81.7% of them with these telling, 83.2% without).
+const COMMON: &[&str] = &[
+    "kind", "type", "some", "many", "much", "ever", "like", "get", "got", "make", "made", "take",
+    "took", "also", "one", "two", "being", "into", "after", "before", "him", "been",
+];
 
 /// Cosine similarity of two unit vectors.
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {

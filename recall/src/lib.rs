@@ -3,7 +3,9 @@
 //! Text is cut into passages (a few chat turns; a paragraph window of a document; see
 //! [`passages`]) with their provenance, indexed by words with BM25 (tantivy) and by
 //! meaning with sentence embeddings (all-MiniLM-L6-v2 through candle), and searched with
-//! the two rankings fused by their scaled scores. The index is derived data and must never
+//! the two rankings fused by their scaled scores, the best candidates then ranked again
+//! by late interaction (each of the question's telling tokens against the passage's
+//! token states, kept at 4 bits from the same embedding pass). The index is derived data and must never
 //! become a source of truth: it knows nothing of the database, reads a stream only
 //! through the [`LogSource`] it is given, and records how far it has read each stream
 //! in the same tantivy commit as the passages (the commit's payload), so after a crash
@@ -52,9 +54,11 @@ use tantivy::{
     DocAddress, DocId, Index, IndexReader, IndexWriter, ReloadPolicy, TantivyDocument, Term,
 };
 
-pub use embed::{dot, EmbedStats, Embedder, FILES as EMBEDDER_FILES, MAX_TOKENS};
+pub use embed::{
+    dot, is_telling, EmbedStats, Embedded, Embedder, FILES as EMBEDDER_FILES, MAX_TOKENS,
+};
 pub use error::{Error, Result};
-use layout::{dot_i8, quantize, schema, Fields, SegmentVectors};
+use layout::{dot_i8, late_similarity, quantize, quantize_tokens, schema, Fields, SegmentVectors};
 pub use search::{Hit, SearchRequest};
 pub use sync::{LogSource, Origin, SyncReport};
 
@@ -69,6 +73,14 @@ const CANDIDATES: usize = 50;
 /// evidence passage within 5 for 74% of the questions against 69% by reciprocal rank,
 /// 69% by words alone (docs/benchmarks/conversations/).
 pub const WORDS_WEIGHT: f64 = 0.6;
+/// The fused candidates ranked again by late interaction: the question's telling tokens
+/// against each passage's ([`Hit::token_similarity`]).
+pub const LATE_CANDIDATES: usize = 20;
+/// The weight of the late interaction's similarity, scaled 0–1 over the
+/// [`LATE_CANDIDATES`], added to their fused score. Chosen on every 4th question of
+/// LoCoMo's development conversations: every evidence turn of a question within the
+/// first 10 passages for more questions (docs/benchmarks/conversations/).
+pub const LATE_WEIGHT: f64 = 1.5;
 /// Bytes of the log read and committed at a time.
 const WINDOW: u64 = 256 * 1024;
 /// How far back before a window a passage cut inside a chat turn looks for the line that
@@ -79,8 +91,9 @@ const TURN_LOOKBACK: u64 = 16 * 1024;
 const SMALL_SEGMENT: u32 = 20_000;
 const MAX_SMALL_SEGMENTS: usize = 8;
 /// Format of the commit payload and of the passages it counts (how text is cut into
-/// them): an index of another format is made again from the logs.
-const STATE_FORMAT: u32 = 2;
+/// them, what is stored of each): an index of another format is made again from the
+/// logs. 3: passages keep their telling tokens' states.
+const STATE_FORMAT: u32 = 3;
 
 /// How far the index has read one stream.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

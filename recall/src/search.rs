@@ -1,6 +1,8 @@
 //! Search: passages ranked by words (BM25) and by meaning (the question's embedding
 //! against each passage's vector), the two fused by their scores: each ranking's scores
-//! scaled to 0–1 over its candidates, then weighted ([`WORDS_WEIGHT`]).
+//! scaled to 0–1 over its candidates, then weighted ([`WORDS_WEIGHT`]); the best
+//! [`LATE_CANDIDATES`] ranked again by late interaction, the question's telling tokens
+//! against each passage's ([`LATE_WEIGHT`]).
 
 use super::*;
 
@@ -30,15 +32,21 @@ pub struct Hit {
     /// The time of the chat turn the passage starts in (its first turn, or the turn it
     /// continues when cut inside one), when it has one.
     pub time: Option<String>,
-    /// Fused score, 0–1: the BM25 score over the best one's, and the similarity scaled
-    /// between the least and most similar candidates, weighted ([`WORDS_WEIGHT`]);
-    /// a ranking that did not find it adds 0.
+    /// Fused score: the BM25 score over the best one's, and the similarity scaled
+    /// between the least and most similar candidates, weighted ([`WORDS_WEIGHT`]; 0–1
+    /// together), then the late interaction's similarity scaled over the best
+    /// candidates and weighted ([`LATE_WEIGHT`]); a ranking that did not find it adds 0.
     pub score: f64,
     /// 1-based rank by words (BM25) and by meaning, where each found it.
     pub bm25_rank: Option<usize>,
     pub vector_rank: Option<usize>,
     /// Cosine similarity to the query, when ranked by meaning.
     pub similarity: Option<f32>,
+    /// Late interaction, when ranked again by it: for each of the question's telling
+    /// tokens, the cosine similarity of the passage's token most like it, averaged
+    /// (ColBERT's MaxSim over the embedder's token states).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_similarity: Option<f32>,
 }
 
 impl Hit {
@@ -71,7 +79,8 @@ impl Fused {
 
 impl Recall {
     /// The best `k` passages for `request.text`: BM25 and (with an embedder) vector
-    /// rankings of up to 50 candidates each, fused by their scaled scores.
+    /// rankings of up to 50 candidates each, fused by their scaled scores; with an
+    /// embedder, the best [`LATE_CANDIDATES`] then ranked again by late interaction.
     pub fn search(&self, request: &SearchRequest<'_>) -> Result<Vec<Hit>> {
         let searcher = self.reader.searcher();
         let stream_filter = |id: u64| request.streams.is_none_or(|s| s.contains(&id));
@@ -96,8 +105,14 @@ impl Recall {
             }
         }
         // By meaning.
+        let mut question_tokens = Vec::new();
         if let Some(embedder) = &self.embedder {
-            let query = embedder.embed(&[request.text])?.remove(0);
+            let (mut embedded, _) = embedder.embed_tokens_with_stats(&[request.text])?;
+            let Embedded {
+                vector: query,
+                tokens,
+            } = embedded.remove(0);
+            question_tokens = tokens;
             let mut scored: Vec<(f32, (u64, u64), DocAddress)> = Vec::new();
             let mut cache = self.vectors.lock().expect("recall vectors");
             let live: Vec<SegmentId> = searcher
@@ -158,8 +173,11 @@ impl Recall {
                 )
                 .then(a.0.cmp(&b.0))
         });
-        let mut hits = Vec::new();
-        for (_, found) in ranked.into_iter().take(request.k) {
+        // The best candidates ranked again by late interaction: their documents are read
+        // anyway when they are among the `k`.
+        let read = request.k.max(LATE_CANDIDATES).min(ranked.len());
+        let mut hits = Vec::with_capacity(read);
+        for (_, found) in ranked.into_iter().take(read) {
             let Fused {
                 address,
                 score,
@@ -168,14 +186,24 @@ impl Recall {
                 similarity,
             } = found;
             let doc: TantivyDocument = searcher.doc(address).map_err(|e| self.err(e))?;
+            let token_similarity = match (&self.embedder, hits.len() < LATE_CANDIDATES) {
+                (Some(embedder), true) => doc
+                    .get_first(self.f.tokens)
+                    .and_then(|v| v.as_bytes())
+                    .and_then(|b| late_similarity(b, embedder.dimensions(), &question_tokens)),
+                _ => None,
+            };
             hits.push(Hit {
                 score,
                 bm25_rank,
                 vector_rank,
                 similarity,
+                token_similarity,
                 ..self.hit(&doc)
             });
         }
+        late_rank(&mut hits[..read.min(LATE_CANDIDATES)]);
+        hits.truncate(request.k);
         Ok(hits)
     }
 
@@ -232,6 +260,7 @@ impl Recall {
             bm25_rank: None,
             vector_rank: None,
             similarity: None,
+            token_similarity: None,
         }
     }
 
@@ -316,4 +345,21 @@ impl Recall {
         }
         Ok(out)
     }
+}
+
+/// `hits` sorted again by their fused score plus [`LATE_WEIGHT`] times their late
+/// interaction's similarity scaled 0–1 over them (a passage without one adds 0), which
+/// joins the fused score. Equal sums keep the order they had.
+fn late_rank(hits: &mut [Hit]) {
+    let known = || hits.iter().filter_map(|h| h.token_similarity);
+    let (Some(high), Some(low)) = (known().reduce(f32::max), known().reduce(f32::min)) else {
+        return;
+    };
+    let span = f64::from(high - low).max(1e-6);
+    for h in hits.iter_mut() {
+        if let Some(t) = h.token_similarity {
+            h.score += LATE_WEIGHT * f64::from(t - low) / span;
+        }
+    }
+    hits.sort_by(|a, b| b.score.total_cmp(&a.score));
 }

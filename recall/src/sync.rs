@@ -135,7 +135,7 @@ impl Recall {
             let texts: Vec<&str> = spans.iter().map(|s| &text[s.start..s.end]).collect();
             let vectors = match &self.embedder {
                 Some(e) if !texts.is_empty() => {
-                    let (v, stats) = e.embed_with_stats(&texts)?;
+                    let (v, stats) = e.embed_tokens_with_stats(&texts)?;
                     report.embed.texts += stats.texts;
                     report.embed.tokens += stats.tokens;
                     report.embed.flops += stats.flops;
@@ -185,7 +185,10 @@ impl Recall {
                     doc.add_text(self.f.time, t);
                 }
                 if let Some(v) = vector {
-                    doc.add_bytes(self.f.vector, &quantize(&v));
+                    doc.add_bytes(self.f.vector, &quantize(&v.vector));
+                    if !v.tokens.is_empty() {
+                        doc.add_bytes(self.f.tokens, &quantize_tokens(&v.tokens));
+                    }
                 }
                 writer.add_document(doc).map_err(|e| self.err(e))?;
                 added += 1;

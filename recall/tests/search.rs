@@ -101,6 +101,17 @@ fn finds_a_passage_by_words_and_by_paraphrase_with_its_provenance() {
         found.is_some_and(|h| h.vector_rank == Some(1)),
         "the paraphrase should rank the passage first by meaning: {hits:#?}"
     );
+    // Its words, one by one, are the most like the question's ("wifi" and "router" for
+    // "internet", "house" for "cottage"): late interaction keeps it first.
+    let late = |h: &Hit| {
+        h.token_similarity
+            .expect("ranked again by late interaction")
+    };
+    let best = hits.iter().map(late).fold(f32::MIN, f32::max);
+    assert!(
+        hits[0].text.contains("pinecone42") && late(&hits[0]) == best,
+        "{hits:#?}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -229,10 +240,35 @@ fn the_encoder_gives_the_reference_similarities_whatever_it_is_embedded_with() {
         .collect();
     let many: Vec<&str> = many.iter().map(String::as_str).collect();
     let packed = e.embed(&many).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     for (text, vector) in many.iter().zip(&packed) {
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         let alone = e.embed(&[text]).unwrap();
         assert_eq!(bits(&alone[0]), bits(vector), "{text:?}");
+    }
+    // The same pass gives each text's telling tokens' states ("sister", "ravi", "live"
+    // of the question; not "where", "does", "my" nor "?"), unit length, the same bits
+    // packed or alone, and the same vector as `embed`.
+    let (tokens, _) = e.embed_tokens_with_stats(&many).unwrap();
+    let (question_tokens, _) = e.embed_tokens_with_stats(&[question]).unwrap();
+    assert_eq!(question_tokens[0].tokens.len(), 3);
+    assert_eq!(bits(&question_tokens[0].vector), bits(&v[0]));
+    for ((text, vector), embedded) in many.iter().zip(&packed).zip(&tokens) {
+        assert_eq!(bits(&embedded.vector), bits(vector), "{text:?}");
+        let (alone, _) = e.embed_tokens_with_stats(&[text]).unwrap();
+        let states = |t: &[Vec<f32>]| t.iter().map(|s| bits(s)).collect::<Vec<_>>();
+        assert_eq!(
+            states(&alone[0].tokens),
+            states(&embedded.tokens),
+            "{text:?}"
+        );
+        // Ten words of prose hold a telling one; nothing holds none.
+        if text.is_empty() || text.split_whitespace().count() >= 10 {
+            assert_eq!(embedded.tokens.is_empty(), text.is_empty(), "{text:?}");
+        }
+        for s in &embedded.tokens {
+            let norm: f32 = s.iter().map(|a| a * a).sum::<f32>().sqrt();
+            assert!((norm - 1.0).abs() < 1e-5, "{norm}");
+        }
     }
 }
 
