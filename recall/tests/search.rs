@@ -251,6 +251,11 @@ fn the_encoder_gives_the_reference_similarities_whatever_it_is_embedded_with() {
     let (tokens, _) = e.embed_tokens_with_stats(&many).unwrap();
     let (question_tokens, _) = e.embed_tokens_with_stats(&[question]).unwrap();
     assert_eq!(question_tokens[0].tokens.len(), 3);
+    // A piece said again is merged into one state.
+    let (repeated, _) = e
+        .embed_tokens_with_stats(&["Ravi, Ravi and Ravi."])
+        .unwrap();
+    assert_eq!(repeated[0].tokens.len(), 1);
     assert_eq!(bits(&question_tokens[0].vector), bits(&v[0]));
     for ((text, vector), embedded) in many.iter().zip(&packed).zip(&tokens) {
         assert_eq!(bits(&embedded.vector), bits(vector), "{text:?}");
