@@ -5,11 +5,12 @@
 //! meaning with sentence embeddings (all-MiniLM-L6-v2 through candle), and searched with
 //! the two rankings fused by their scaled scores, the best candidates then ranked again
 //! by late interaction (each of the question's telling tokens against the passage's
-//! token states, kept at 4 bits from the same embedding pass). The index is derived data and must never
-//! become a source of truth: it knows nothing of the database, reads a stream only
-//! through the [`LogSource`] it is given, and records how far it has read each stream
-//! in the same tantivy commit as the passages (the commit's payload), so after a crash
-//! it catches up from there, and [`Recall::reset`] plus a sync rebuilds it from scratch.
+//! token states, kept at 4 bits from the same embedding pass). The index is derived
+//! data and must never become a source of truth: it knows nothing of the database,
+//! reads a stream only through the [`LogSource`] it is given, and records how far it has
+//! read each stream in the same tantivy commit as the passages (the commit's payload),
+//! so after a crash it catches up from there, and [`Recall::reset`] plus a sync
+//! rebuilds it from scratch.
 //!
 //! ```no_run
 //! use memagent_recall::{LogSource, Origin, Recall, SearchRequest};
