@@ -173,9 +173,14 @@ impl Recall {
                 )
                 .then(a.0.cmp(&b.0))
         });
-        // The best candidates ranked again by late interaction: their documents are read
-        // anyway when they are among the `k`.
-        let read = request.k.max(LATE_CANDIDATES).min(ranked.len());
+        // With an embedder, the best candidates are ranked again by late interaction:
+        // their documents are read anyway when they are among the `k`.
+        let late = if self.embedder.is_some() {
+            LATE_CANDIDATES
+        } else {
+            0
+        };
+        let read = request.k.max(late).min(ranked.len());
         let mut hits = Vec::with_capacity(read);
         for (_, found) in ranked.into_iter().take(read) {
             let Fused {
@@ -186,7 +191,7 @@ impl Recall {
                 similarity,
             } = found;
             let doc: TantivyDocument = searcher.doc(address).map_err(|e| self.err(e))?;
-            let token_similarity = match (&self.embedder, hits.len() < LATE_CANDIDATES) {
+            let token_similarity = match (&self.embedder, hits.len() < late) {
                 (Some(embedder), true) => doc
                     .get_first(self.f.tokens)
                     .and_then(|v| v.as_bytes())
@@ -202,7 +207,7 @@ impl Recall {
                 ..self.hit(&doc)
             });
         }
-        late_rank(&mut hits[..read.min(LATE_CANDIDATES)]);
+        late_rank(&mut hits[..read.min(late)]);
         hits.truncate(request.k);
         Ok(hits)
     }
