@@ -57,6 +57,7 @@ use tantivy::{
 
 pub use embed::{
     dot, is_telling, EmbedStats, Embedded, Embedder, FILES as EMBEDDER_FILES, MAX_TOKENS,
+    TOKEN_DIMENSIONS,
 };
 pub use error::{Error, Result};
 use layout::{dot_i8, late_similarity, quantize, quantize_tokens, schema, Fields, SegmentVectors};
@@ -93,8 +94,9 @@ const SMALL_SEGMENT: u32 = 20_000;
 const MAX_SMALL_SEGMENTS: usize = 8;
 /// Format of the commit payload and of the passages it counts (how text is cut into
 /// them, what is stored of each): an index of another format is made again from the
-/// logs. 3: passages keep their telling tokens' states.
-const STATE_FORMAT: u32 = 3;
+/// logs. 3: passages keep their telling tokens' states; 4: projected to
+/// [`TOKEN_DIMENSIONS`].
+const STATE_FORMAT: u32 = 4;
 
 /// How far the index has read one stream.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -195,7 +195,9 @@ impl Recall {
                 (Some(embedder), true) => doc
                     .get_first(self.f.tokens)
                     .and_then(|v| v.as_bytes())
-                    .and_then(|b| late_similarity(b, embedder.dimensions(), &question_tokens)),
+                    .and_then(|b| {
+                        late_similarity(b, embedder.token_dimensions(), &question_tokens)
+                    }),
                 _ => None,
             };
             hits.push(Hit {

@@ -5,7 +5,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use memagent_recall::{Embedder, Hit, LogSource, Origin, Recall, SearchRequest};
+use memagent_recall::{
+    dot, Embedder, Hit, LogSource, Origin, Recall, SearchRequest, TOKEN_DIMENSIONS,
+};
 
 fn embedder() -> Arc<Embedder> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/all-MiniLM-L6-v2");
@@ -275,6 +277,44 @@ fn the_encoder_gives_the_reference_similarities_whatever_it_is_embedded_with() {
             assert!((norm - 1.0).abs() < 1e-5, "{norm}");
         }
     }
+}
+
+/// The default embedder's token states are kept in [`TOKEN_DIMENSIONS`] directions, and
+/// in them each of a question's pieces finds the same most similar piece of a passage as
+/// in the model's whole states.
+#[test]
+fn token_states_projected_match_pieces_as_the_whole_states_do() {
+    let e = embedder();
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/all-MiniLM-L6-v2");
+    let whole = Embedder::load(&dir).unwrap().without_token_projection();
+    assert_eq!(e.token_dimensions(), TOKEN_DIMENSIONS);
+    assert_eq!(whole.token_dimensions(), e.dimensions());
+    assert!(TOKEN_DIMENSIONS < e.dimensions());
+    let question = "Which instrument did my sister Ana learn in Porto?";
+    let passage = "[2024-03-11 09:40] user (Ben): Ana took up the cello after her move to \
+                   Porto; she practises every evening and her sister sings.";
+    let best = |embedder: &Embedder| {
+        let (t, _) = embedder
+            .embed_tokens_with_stats(&[question, passage])
+            .unwrap();
+        for s in t.iter().flat_map(|t| &t.tokens) {
+            assert_eq!(s.len(), embedder.token_dimensions());
+            let norm = dot(s, s).sqrt();
+            assert!((norm - 1.0).abs() < 1e-5, "{norm}");
+        }
+        t[0].tokens
+            .iter()
+            .map(|q| {
+                let sims: Vec<f32> = t[1].tokens.iter().map(|p| dot(q, p)).collect();
+                (0..sims.len())
+                    .max_by(|&a, &b| sims[a].total_cmp(&sims[b]))
+                    .unwrap()
+            })
+            .collect::<Vec<_>>()
+    };
+    let projected = best(&e);
+    assert!(projected.len() >= 4, "{projected:?}");
+    assert_eq!(projected, best(&whole));
 }
 
 /// A passage cut inside a long chat turn is dated by that turn's time: its relative
