@@ -1,5 +1,6 @@
 //! The index's layout: the fields each passage is stored under, and its sentence
-//! vectors, kept as 8-bit integers beside each segment.
+//! vectors, kept as 8-bit integers in a column of each segment (a fast field, read
+//! without the stored documents).
 
 use super::*;
 
@@ -42,7 +43,7 @@ pub(crate) fn schema() -> (Schema, Fields) {
         source: b.add_text_field("source", STORED),
         line: b.add_u64_field("line", STORED),
         time: b.add_text_field("time", STORED),
-        vector: b.add_bytes_field("vector", STORED),
+        vector: b.add_bytes_field("vector", FAST),
         tokens: b.add_bytes_field("tokens", STORED),
     };
     (b.build(), f)

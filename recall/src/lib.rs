@@ -95,8 +95,8 @@ const MAX_SMALL_SEGMENTS: usize = 8;
 /// Format of the commit payload and of the passages it counts (how text is cut into
 /// them, what is stored of each): an index of another format is made again from the
 /// logs. 3: passages keep their telling tokens' states; 4: projected to
-/// [`TOKEN_DIMENSIONS`].
-const STATE_FORMAT: u32 = 4;
+/// [`TOKEN_DIMENSIONS`]; 5: sentence vectors in a column, not stored with the text.
+const STATE_FORMAT: u32 = 5;
 
 /// How far the index has read one stream.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

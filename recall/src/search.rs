@@ -321,31 +321,46 @@ impl Recall {
         Some(Box::new(BooleanQuery::new(clauses)))
     }
 
-    /// The vectors of one segment's passages, read from its stored documents once.
+    /// The vectors of one segment's passages, read once from its columns (the vector,
+    /// stream and start fast fields), not from its stored documents, which hold each
+    /// passage's text and token states too.
     fn load_vectors(&self, segment: &tantivy::SegmentReader) -> Result<SegmentVectors> {
-        let store = segment
-            .get_store_reader(64)
-            .map_err(|e| self.err(e.into()))?;
+        let dims = self.embedder.as_ref().map_or(0, |e| e.dimensions());
         let mut out = SegmentVectors {
             docs: Vec::new(),
             values: Vec::new(),
-            dims: self.embedder.as_ref().map_or(0, |e| e.dimensions()),
+            dims,
         };
+        let fast = segment.fast_fields();
+        let column = |name: &str| fast.u64(name).map_err(|e| self.err(e));
+        let (streams, starts) = (column("stream_id")?, column("start")?);
+        let Some(vectors) = fast.bytes("vector").map_err(|e| self.err(e))? else {
+            return Ok(out);
+        };
+        // The column keeps each distinct vector once, sorted: read them in that order,
+        // then each passage's by its number among them.
+        let mut distinct: Vec<Vec<u8>> = Vec::with_capacity(vectors.num_terms());
+        let mut stream = vectors
+            .dictionary()
+            .stream()
+            .map_err(|e| self.err(e.into()))?;
+        while stream.advance() {
+            distinct.push(stream.key().to_vec());
+        }
         for doc in 0..segment.max_doc() {
-            let d: TantivyDocument = store.get(doc).map_err(|e| self.err(e))?;
-            let Some(bytes) = d.get_first(self.f.vector).and_then(|v| v.as_bytes()) else {
+            let Some(bytes) = vectors
+                .term_ords(doc)
+                .next()
+                .and_then(|ord| distinct.get(ord as usize))
+            else {
                 continue;
             };
-            let Some(stream) = d.get_first(self.f.stream_id).and_then(|v| v.as_u64()) else {
+            let (Some(stream), Some(start)) = (streams.first(doc), starts.first(doc)) else {
                 continue;
             };
-            if bytes.len() != 4 + out.dims {
+            if bytes.len() != 4 + dims {
                 continue;
             }
-            let start = d
-                .get_first(self.f.start)
-                .and_then(|v| v.as_u64())
-                .unwrap_or_default();
             let scale = f32::from_le_bytes(bytes[..4].try_into().expect("4 bytes"));
             out.docs.push((doc, stream, start, scale));
             out.values.extend(bytes[4..].iter().map(|&b| b as i8));

@@ -200,6 +200,59 @@ fn empty_huge_and_invalid_logs_are_indexed_without_failing() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// An index is derived data: one written with another layout (another schema) or of
+/// another format (its commit's payload) is made again, empty, and the logs fill it;
+/// passages are then found by meaning as in any new index.
+#[test]
+fn an_index_of_another_layout_or_format_is_made_again_from_the_log() {
+    let doc = document();
+    let wifi = "What is the password of the internet at the cottage?";
+    let found = |recall: &Recall| {
+        let hits = search(recall, wifi, 1);
+        hits.first().is_some_and(|h| h.text.contains("pinecone42"))
+    };
+    // Another layout: an index of one text field.
+    let dir = temp_dir("other-layout");
+    std::fs::create_dir_all(&dir).unwrap();
+    {
+        let mut b = tantivy::schema::Schema::builder();
+        let text = b.add_text_field("text", tantivy::schema::TEXT | tantivy::schema::STORED);
+        let index = tantivy::Index::create_in_dir(&dir, b.build()).unwrap();
+        let mut writer = index
+            .writer::<tantivy::TantivyDocument>(15_000_000)
+            .unwrap();
+        writer
+            .add_document(tantivy::doc!(text => "pinecone42"))
+            .unwrap();
+        writer.commit().unwrap();
+    }
+    let recall = Recall::open(&dir, Some(embedder())).unwrap();
+    assert_eq!(recall.count(None).unwrap(), 0);
+    sync(&recall, doc.as_bytes(), doc.len());
+    assert!(recall.count(None).unwrap() > 0);
+    assert!(found(&recall));
+    drop(recall);
+    // Another format: the same layout, the commit's payload of an older format.
+    let meta = dir.join("meta.json");
+    let mut metas: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&meta).unwrap()).unwrap();
+    let mut payload: serde_json::Value =
+        serde_json::from_str(metas["payload"].as_str().expect("a payload")).unwrap();
+    assert!(
+        payload["format"].as_u64().is_some_and(|f| f > 1),
+        "{payload}"
+    );
+    payload["format"] = 1.into();
+    metas["payload"] = payload.to_string().into();
+    let older = metas.to_string();
+    std::fs::write(&meta, older).unwrap();
+    let recall = Recall::open(&dir, Some(embedder())).unwrap();
+    assert_eq!(recall.count(None).unwrap(), 0);
+    sync(&recall, doc.as_bytes(), doc.len());
+    assert!(found(&recall));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn a_second_writer_is_refused_with_a_clear_error() {
     let dir = temp_dir("lock");
