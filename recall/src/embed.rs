@@ -42,6 +42,8 @@ pub struct Embedder {
     /// Token states projected to [`TOKEN_DIMENSIONS`], for the model the projection was
     /// fit on.
     projection: Option<Vec<f32>>,
+    /// Whether texts are given their telling tokens' states (late interaction).
+    token_states: bool,
     dimensions: usize,
     hidden: usize,
     layers: usize,
@@ -122,6 +124,7 @@ impl Embedder {
         Ok(Self {
             model: Some(Model { bert, tokenizer }),
             projection,
+            token_states: true,
             dimensions: config.hidden_size,
             hidden: config.hidden_size,
             layers: config.num_hidden_layers,
@@ -137,6 +140,7 @@ impl Embedder {
         Self {
             model: None,
             projection: None,
+            token_states: true,
             dimensions,
             hidden: dimensions,
             layers: 0,
@@ -156,6 +160,19 @@ impl Embedder {
             Some(_) => TOKEN_DIMENSIONS,
             None => self.dimensions,
         }
+    }
+
+    /// The embedder without token states: [`Embedder::embed_tokens_with_stats`] gives
+    /// none, so an index keeps none (about a third of its size on prose) and its
+    /// searches are not ranked again by late interaction.
+    pub fn without_token_states(mut self) -> Self {
+        self.token_states = false;
+        self
+    }
+
+    /// Whether texts are given their telling tokens' states.
+    pub fn keeps_token_states(&self) -> bool {
+        self.token_states
     }
 
     /// The embedder with its token states kept whole, as the model gives them (what
@@ -190,6 +207,7 @@ impl Embedder {
 
     /// Embeddings, with the telling tokens' states when `tokens`, and the work they took.
     fn encode(&self, texts: &[&str], tokens: bool) -> Result<(Vec<Embedded>, EmbedStats)> {
+        let tokens = tokens && self.token_states;
         let started = Instant::now();
         let mut stats = EmbedStats::default();
         let Some(model) = &self.model else {

@@ -14,6 +14,8 @@ pub enum Error {
     InUse { path: PathBuf },
     #[error("search index {path}: its state is unreadable ({reason}); run `memctl index rebuild`")]
     State { path: PathBuf, reason: String },
+    #[error("search index {path} was made {reason}")]
+    Stale { path: PathBuf, reason: String },
     #[error("reading stream `{stream}` at byte {offset}: {reason}")]
     Read {
         stream: String,

@@ -108,10 +108,18 @@ pub struct StreamState {
     pub len: u64,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct State {
     format: u32,
+    /// Whether passages keep their telling tokens' states (late interaction); an
+    /// embedder of the other kind makes the index again.
+    #[serde(default = "yes")]
+    token_states: bool,
     streams: BTreeMap<u64, StreamState>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// The passage index of a data directory.
@@ -130,12 +138,13 @@ impl Recall {
     /// Opens (or creates) the index in `dir`; with an embedder, passages are also
     /// indexed and searched by meaning.
     ///
-    /// An index of another layout (written by another version of memagent) or with an
-    /// unreadable state is derived data: it is removed and made again, empty, for the
-    /// caller's catch-up to fill from the logs.
+    /// An index of another layout (written by another version of memagent), with an
+    /// unreadable state, or made with token states when the embedder now gives none (or
+    /// the reverse, [`Embedder::without_token_states`]) is derived data: it is removed
+    /// and made again, empty, for the caller's catch-up to fill from the logs.
     pub fn open(dir: &Path, embedder: Option<Arc<Embedder>>) -> Result<Self> {
         match Self::open_as_is(dir, embedder.clone()) {
-            Err(e @ Error::State { .. })
+            Err(e @ (Error::State { .. } | Error::Stale { .. }))
             | Err(
                 e @ Error::Index {
                     source: tantivy::TantivyError::SchemaError(_),
@@ -181,10 +190,12 @@ impl Recall {
             .try_into()
             .map_err(err)?;
         let metas = index.load_metas().map_err(err)?;
+        let token_states = embedder.as_ref().map(|e| e.keeps_token_states());
         let state = match metas.payload.as_deref() {
             None => State {
                 format: STATE_FORMAT,
-                ..State::default()
+                token_states: token_states.unwrap_or(true),
+                streams: BTreeMap::new(),
             },
             Some(p) => serde_json::from_str::<State>(p)
                 .ok()
@@ -194,6 +205,15 @@ impl Recall {
                     reason: format!("commit payload {p:?}"),
                 })?,
         };
+        if token_states.is_some_and(|keeps| keeps != state.token_states) {
+            return Err(Error::Stale {
+                path: dir.to_path_buf(),
+                reason: match state.token_states {
+                    true => "with token states, and the embedder now gives none".into(),
+                    false => "without token states, and the embedder now gives them".into(),
+                },
+            });
+        }
         Ok(Self {
             path: dir.to_path_buf(),
             index,

@@ -10,13 +10,18 @@ use memagent_recall::{
 };
 
 fn embedder() -> Arc<Embedder> {
+    Arc::new(loaded())
+}
+
+/// The real embedder, loaded anew.
+fn loaded() -> Embedder {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/all-MiniLM-L6-v2");
     assert!(
         dir.join("model.safetensors").is_file(),
         "{} is missing: run scripts/fetch-model",
         dir.display()
     );
-    Arc::new(Embedder::load(&dir).expect("load the embedder"))
+    Embedder::load(&dir).expect("load the embedder")
 }
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -253,6 +258,39 @@ fn an_index_of_another_layout_or_format_is_made_again_from_the_log() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// An embedder without token states keeps none in the index and ranks nothing again by
+/// them; an index made with the other kind is made again when opened, so that every
+/// passage is ranked alike.
+#[test]
+fn an_index_keeps_token_states_as_its_embedder_does() {
+    let doc = document();
+    assert!(!embedder_of(false).keeps_token_states() && embedder().keeps_token_states());
+    let wifi = "What is the password of the internet at the cottage?";
+    let index = temp_dir("token-states");
+    for keeps in [false, true, false] {
+        let recall = Recall::open(&index, Some(embedder_of(keeps))).unwrap();
+        // Made again: empty until the log fills it.
+        assert_eq!(recall.count(None).unwrap(), 0, "keeps {keeps}");
+        sync(&recall, doc.as_bytes(), doc.len());
+        let hits = search(&recall, wifi, 5);
+        assert!(hits[0].text.contains("pinecone42"), "keeps {keeps}");
+        assert!(hits.iter().all(|h| h.token_similarity.is_some() == keeps));
+        drop(recall);
+        // Opened again with the same kind, it is kept.
+        let again = Recall::open(&index, Some(embedder_of(keeps))).unwrap();
+        assert!(again.count(None).unwrap() > 0);
+    }
+    std::fs::remove_dir_all(&index).ok();
+}
+
+/// The real embedder, with or without token states.
+fn embedder_of(token_states: bool) -> Arc<Embedder> {
+    match token_states {
+        true => embedder(),
+        false => Arc::new(loaded().without_token_states()),
+    }
+}
+
 #[test]
 fn a_second_writer_is_refused_with_a_clear_error() {
     let dir = temp_dir("lock");
@@ -338,8 +376,7 @@ fn the_encoder_gives_the_reference_similarities_whatever_it_is_embedded_with() {
 #[test]
 fn token_states_projected_match_pieces_as_the_whole_states_do() {
     let e = embedder();
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/all-MiniLM-L6-v2");
-    let whole = Embedder::load(&dir).unwrap().without_token_projection();
+    let whole = loaded().without_token_projection();
     assert_eq!(e.token_dimensions(), TOKEN_DIMENSIONS);
     assert_eq!(whole.token_dimensions(), e.dimensions());
     assert!(TOKEN_DIMENSIONS < e.dimensions());

@@ -14,13 +14,17 @@ use super::print_json;
 use crate::cli::{IndexCommand, SearchArgs};
 use crate::settings::Settings;
 
-/// The embedder the settings name, loaded; `None` with `--embedder none`.
+/// The embedder the settings name, loaded (without token states when the configuration
+/// says `late_interaction = false`); `None` with `--embedder none`.
 pub fn load_embedder(global: &Settings) -> Result<Option<Arc<Embedder>>> {
     match global.embedder_dir()? {
         None => Ok(None),
         Some(dir) => {
-            let embedder = Embedder::load(&dir)
+            let mut embedder = Embedder::load(&dir)
                 .with_context(|| format!("cannot load the embedder in {}", dir.display()))?;
+            if global.config()?.late_interaction == Some(false) {
+                embedder = embedder.without_token_states();
+            }
             tracing::debug!("embedder {}", dir.display());
             Ok(Some(Arc::new(embedder)))
         }

@@ -190,6 +190,39 @@ fn search_finds_a_passage_by_words_and_by_meaning_with_its_file_and_line() {
     assert!(out.contains(&format!("notes.md:{line}")), "{out}");
 }
 
+/// `late_interaction = false` in the configuration: the index keeps no token states
+/// (made again from the log when it had them) and passages are found by words and
+/// meaning alone; back to the default, they are ranked again by them.
+#[test]
+fn late_interaction_turned_off_in_the_configuration_keeps_no_token_states() {
+    let dir = data_dir("search-late-off");
+    let file = dir.join("notes.md");
+    std::fs::write(&file, notes()).unwrap();
+    let ingest = run(
+        &dir,
+        &["ingest", "notes", file.to_str().unwrap(), "--no-process"],
+    );
+    assert!(ingest.status.success(), "{}", stderr(&ingest));
+    let config = dir.join("config.toml");
+    std::fs::write(&config, "late_interaction = false\n").unwrap();
+    let question = "How do I get on the internet at the cottage by the lake?";
+    for off in [false, true, false] {
+        let mut args = vec!["notes", question, "-k", "3"];
+        if off {
+            args.extend(["--config", config.to_str().unwrap()]);
+        }
+        let found = search(&dir, &args);
+        assert!(
+            found[0]["text"].as_str().unwrap().contains("pinecone42"),
+            "off {off}: {found:#?}"
+        );
+        assert!(
+            found.iter().all(|p| p["token_similarity"].is_null() == off),
+            "off {off}: {found:#?}"
+        );
+    }
+}
+
 #[test]
 fn a_chat_log_ingested_by_hand_becomes_turns_found_with_their_lines() {
     let dir = data_dir("search-chat");
