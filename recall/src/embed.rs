@@ -248,10 +248,10 @@ impl Embedder {
                 Embedded {
                     vector,
                     tokens: merge_repeats(pieces.zip(states))
-                        .iter()
+                        .into_iter()
                         .map(|s| match &self.projection {
-                            Some(p) => project(p, s),
-                            None => s.clone(),
+                            Some(p) => project(p, &s),
+                            None => s,
                         })
                         .collect(),
                 }
