@@ -1101,6 +1101,9 @@ pub enum BenchCommand {
         {\"conversation\": \"trip\", \"question\": \"When did Ana fly to Rome?\", \"answer\": \"10 May 2023\", \"evidence\": [\"t1\"], \"category\": \"temporal\"}\n\n\
         Categories: single-hop, multi-hop, temporal, open-domain, adversarial (no answer: the right \
         answer says it is not mentioned).\n\n\
+        Evidence: the ids of the turns that hold the answer (an entry may list several between \
+        semicolons); an id naming no turn is warned about and left out, and a question without \
+        an evidence turn is left out of the evidence measures.\n\n\
         Example:\n  memctl bench qa --data ../shared/data/locomo-dev/locomo-dev.json --every 4 --no-memory --out qa-run")]
     Qa(Box<BenchQaArgs>),
     /// Recall's speed: embedding throughput, indexing cost per chunk, search latency on

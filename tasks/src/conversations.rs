@@ -11,7 +11,7 @@
 //! ```
 //!
 //! A turn may also carry `role` (default `user`); `id` is what a question's `evidence`
-//! names. `category` is one of `multi-hop`, `temporal`, `open-domain`, `single-hop`,
+//! names (an entry may list several ids between semicolons). `category` is one of `multi-hop`, `temporal`, `open-domain`, `single-hop`,
 //! `adversarial` (or LoCoMo's numbers 1–5); a question without `answer` is adversarial:
 //! the conversation never says, and the right answer says so.
 
@@ -215,11 +215,16 @@ fn question(q: &Value) -> std::result::Result<Question, String> {
         None if answer.is_none() => Category::Adversarial,
         None => Category::SingleHop,
     };
+    // An entry may name several turns between semicolons ("D8:6; D9:17", as a few of
+    // LoCoMo's do).
     let evidence = q["evidence"]
         .as_array()
         .map(|e| {
             e.iter()
                 .filter_map(Value::as_str)
+                .flat_map(|ids| ids.split(';'))
+                .map(str::trim)
+                .filter(|id| !id.is_empty())
                 .map(str::to_string)
                 .collect()
         })
@@ -428,7 +433,8 @@ mod tests {
               "session_1_date_time": "1:56 pm on 8 May, 2023",
               "session_1": [{"speaker": "A", "dia_id": "D1:1", "text": "Look!", "blip_caption": "a dog"}]},
               "qa": [{"question": "When?", "answer": 2022, "evidence": ["D1:1"], "category": 2},
-                     {"question": "Why?", "evidence": ["D2:1"], "category": 5, "adversarial_answer": "x"}]}]"#,
+                     {"question": "Why?", "evidence": ["D2:1"], "category": 5, "adversarial_answer": "x"},
+                     {"question": "Both?", "answer": "yes", "evidence": ["D1:1; D2:1"], "category": 1}]}]"#,
         )
         .unwrap();
         let convs = load_conversations(&locomo).unwrap();
@@ -443,6 +449,11 @@ mod tests {
         assert_eq!(c.questions[0].answer.as_deref(), Some("2022"));
         assert_eq!(c.questions[1].category, Category::Adversarial);
         assert_eq!(c.questions[1].answer, None);
+        assert_eq!(
+            c.questions[2].evidence,
+            ["D1:1", "D2:1"],
+            "one entry, two turns"
+        );
 
         let own = dir.join("own.jsonl");
         std::fs::write(

@@ -91,6 +91,11 @@ struct Layout {
 }
 
 impl Layout {
+    /// Whether a turn of the conversation has the id `id`.
+    fn holds(&self, id: &str) -> bool {
+        self.turns.iter().any(|(_, t)| t == id)
+    }
+
     /// The ids of the turns overlapping bytes `[start, end)`.
     fn turns_in(&self, start: u64, end: u64) -> Vec<String> {
         (0..self.turns.len())
@@ -188,6 +193,15 @@ pub fn run(global: &Settings, args: &BenchQaArgs) -> Result<()> {
                     conv.id,
                     steps.len(),
                     started.elapsed().as_secs_f64()
+                );
+            }
+        }
+        for (index, q) in conv.questions.iter().enumerate() {
+            for id in q.evidence.iter().filter(|e| !layout.holds(e)) {
+                tracing::warn!(
+                    "{} #{index}: evidence `{id}` names no turn of the conversation; left \
+                     out of the evidence measures",
+                    conv.id
                 );
             }
         }
@@ -322,7 +336,7 @@ impl Asking<'_> {
         let evidence: Vec<String> = q
             .evidence
             .iter()
-            .filter(|e| self.layout.turns.iter().any(|(_, id)| id == *e))
+            .filter(|e| self.layout.holds(e))
             .cloned()
             .collect();
         let mut record = Record {
@@ -367,15 +381,15 @@ impl Asking<'_> {
                     )?)
                 })?;
             }
+            // A question without an evidence turn in its chat has nothing to find: it
+            // is left out of the search's measures, as of the evidence read.
             for depth in DEPTHS {
                 let read: Vec<String> = found
                     .iter()
                     .take(depth)
                     .flat_map(|e| self.layout.turns_in(e.hit.start, e.hit.end))
                     .collect();
-                record
-                    .recall_at
-                    .push(recall_of(&record.evidence, &read).unwrap_or(0.0));
+                record.recall_at.extend(recall_of(&record.evidence, &read));
                 record.turns_read = read;
             }
             record.evidence_recall = recall_of(&record.evidence, &record.turns_read);
@@ -515,6 +529,12 @@ fn summary(records: &[&Record]) -> serde_json::Value {
     let share = |rs: &[&&Record], f: &dyn Fn(&Record) -> bool| {
         mean(rs.iter().map(|r| f64::from(u8::from(f(r)))))
     };
+    // The search's measures count the questions with an evidence turn in their chat.
+    let searched: Vec<&&Record> = answerable
+        .iter()
+        .copied()
+        .filter(|r| !r.recall_at.is_empty())
+        .collect();
     json!({
         "questions": records.len(),
         "f1": mean(records.iter().map(|r| r.score)),
@@ -525,10 +545,11 @@ fn summary(records: &[&Record]) -> serde_json::Value {
         "false_not_known": share(&answerable, &|r| r.abstained),
         "evidence_recall": mean(answerable.iter().filter_map(|r| r.evidence_recall)),
         "evidence_shown": mean(answerable.iter().filter_map(|r| r.shown_recall)),
+        "with_evidence": searched.len(),
         "recall_at": DEPTHS.iter().enumerate().map(|(i, d)| {
-            json!({"passages": d, "recall": mean(answerable.iter().filter_map(|r| r.recall_at.get(i).copied())),
-                   "any": share(&answerable, &|r| r.recall_at.get(i).is_some_and(|&x| x > 0.0)),
-                   "all": share(&answerable, &|r| r.recall_at.get(i).is_some_and(|&x| x >= 1.0))})
+            json!({"passages": d, "recall": mean(searched.iter().filter_map(|r| r.recall_at.get(i).copied())),
+                   "any": share(&searched, &|r| r.recall_at.get(i).is_some_and(|&x| x > 0.0)),
+                   "all": share(&searched, &|r| r.recall_at.get(i).is_some_and(|&x| x >= 1.0))})
         }).collect::<Vec<_>>(),
         "seconds_per_question": mean(records.iter().map(|r| r.seconds)),
         "model_calls_per_question": mean(records.iter().map(|r| r.model_calls as f64)),
@@ -619,12 +640,13 @@ fn markdown(args: &BenchQaArgs, value: &serde_json::Value) -> String {
         let r = &value["results"][mode];
         md.push_str(&format!("\n## {mode}\n\n"));
         if mode == "search" {
-            md.push_str("| category | n | recall@1 | recall@5 | any@5 | recall@10 | all@10 |\n|---|---:|---:|---:|---:|---:|---:|\n");
+            md.push_str("| category | n | with evidence | recall@1 | recall@5 | any@5 | recall@10 | all@10 |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
             let mut row = |name: &str, s: &serde_json::Value| {
                 let at = |i: usize, key: &str| pct(&s["recall_at"][i][key]);
                 md.push_str(&format!(
-                    "| {name} | {} | {} | {} | {} | {} | {} |\n",
+                    "| {name} | {} | {} | {} | {} | {} | {} | {} |\n",
                     s["questions"],
+                    s["with_evidence"],
                     at(0, "recall"),
                     at(1, "recall"),
                     at(1, "any"),

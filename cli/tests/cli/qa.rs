@@ -1,6 +1,7 @@
 //! `memctl bench qa` on a conversation of our own JSON Lines: the direct baseline reads
 //! the whole conversation when it fits the context, in one model call, and the search
-//! mode reports its recall at each depth and the passages it found.
+//! mode reports its recall at each depth and the passages it found, over the questions
+//! whose evidence names turns of the chat.
 
 use super::{stderr, with_model};
 
@@ -28,6 +29,17 @@ fn the_direct_baseline_reads_a_short_conversation_whole() {
             "answer": "bread", "evidence": ["t2"], "category": "single-hop"})
         .to_string(),
     );
+    // Evidence naming two turns in one entry, and evidence naming no turn of the chat.
+    lines.push(
+        serde_json::json!({"conversation": "trip", "question": "Where did Ana fly, and what did she like?",
+            "answer": "Rome, the Colosseum", "evidence": ["t1; t3"], "category": "multi-hop"})
+        .to_string(),
+    );
+    lines.push(
+        serde_json::json!({"conversation": "trip", "question": "What did Ben drink?",
+            "answer": "tea", "evidence": ["t9"], "category": "single-hop"})
+        .to_string(),
+    );
     std::fs::write(&data, lines.join("\n") + "\n").unwrap();
     let out = dir.join("out");
     let run = with_model(&[
@@ -49,6 +61,11 @@ fn the_direct_baseline_reads_a_short_conversation_whole() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
+    assert!(
+        stderr(&run).contains("evidence `t9` names no turn of the conversation"),
+        "{}",
+        stderr(&run)
+    );
     let direct = records.iter().find(|r| r["mode"] == "direct").unwrap();
     assert_eq!(direct["model_calls"], 1, "{direct}");
     assert_eq!(direct["turns_read"], serde_json::json!(["t1", "t2", "t3"]));
@@ -56,6 +73,22 @@ fn the_direct_baseline_reads_a_short_conversation_whole() {
     assert!(!direct["answer"].as_str().unwrap().is_empty());
     let search = records.iter().find(|r| r["mode"] == "search").unwrap();
     assert_eq!(search["recall_at"].as_array().unwrap().len(), 3, "{search}");
+    let both = records
+        .iter()
+        .find(|r| r["mode"] == "search" && r["category"] == "multi-hop")
+        .unwrap();
+    assert_eq!(both["evidence"], serde_json::json!(["t1", "t3"]), "{both}");
+    // A question with no evidence turn in its chat has no recall of its own, and the
+    // search's figures count the other two.
+    let none = records
+        .iter()
+        .find(|r| r["mode"] == "search" && r["question"] == "What did Ben drink?")
+        .unwrap();
+    assert!(none.get("recall_at").is_none(), "{none}");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    let overall = &summary["results"]["search"]["overall"];
+    assert_eq!(overall["with_evidence"], 2, "{overall}");
     // The passages found, with their turns and scores (the likelihood too, ranked
     // again), for measures without a second run.
     let found = search["found"].as_array().unwrap();
