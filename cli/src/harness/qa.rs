@@ -175,6 +175,11 @@ pub fn run(global: &Settings, args: &BenchQaArgs) -> Result<()> {
         false => None,
     };
     let embedder = crate::commands::recall::load_embedder(global)?;
+    // The questions this run asks: every Nth of each conversation, of the categories named.
+    let asks = |index: usize, category: Category| {
+        (index as u64).is_multiple_of(args.every)
+            && (args.categories.is_empty() || args.categories.iter().any(|c| c == category.name()))
+    };
     let (mut asked, mut resumed) = (0usize, 0usize);
     // Passages read ahead, and their seconds (apart from the questions').
     let (mut read_ahead, mut read_ahead_seconds) = (0usize, 0.0f64);
@@ -197,6 +202,9 @@ pub fn run(global: &Settings, args: &BenchQaArgs) -> Result<()> {
             }
         }
         for (index, q) in conv.questions.iter().enumerate() {
+            if !asks(index, q.category) {
+                continue;
+            }
             for id in q.evidence.iter().filter(|e| !layout.holds(e)) {
                 tracing::warn!(
                     "{} #{index}: evidence `{id}` names no turn of the conversation; left \
@@ -229,11 +237,7 @@ pub fn run(global: &Settings, args: &BenchQaArgs) -> Result<()> {
             read_ahead_seconds += seconds;
         }
         for index in 0..conv.questions.len() {
-            if !(index as u64).is_multiple_of(args.every) {
-                continue;
-            }
-            let category = conv.questions[index].category.name();
-            if !args.categories.is_empty() && !args.categories.iter().any(|c| c == category) {
+            if !asks(index, conv.questions[index].category) {
                 continue;
             }
             for mode in &args.modes {
