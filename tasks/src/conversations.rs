@@ -215,20 +215,32 @@ fn question(q: &Value) -> std::result::Result<Question, String> {
         None if answer.is_none() => Category::Adversarial,
         None => Category::SingleHop,
     };
-    // An entry may name several turns between semicolons ("D8:6; D9:17", as a few of
-    // LoCoMo's do).
-    let evidence = q["evidence"]
-        .as_array()
-        .map(|e| {
-            e.iter()
-                .filter_map(Value::as_str)
-                .flat_map(|ids| ids.split(';'))
-                .map(str::trim)
-                .filter(|id| !id.is_empty())
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default();
+    // A list of turn ids; an entry may name several between semicolons ("D8:6; D9:17",
+    // as a few of LoCoMo's do), and so may a single string.
+    let entries: Vec<&str> = match &q["evidence"] {
+        Value::Null => Vec::new(),
+        Value::String(ids) => vec![ids.as_str()],
+        Value::Array(list) => list
+            .iter()
+            .map(|v| {
+                v.as_str().ok_or(format!(
+                    "`evidence` holds {v}; expected turn ids as strings, like [\"t1\"]"
+                ))
+            })
+            .collect::<std::result::Result<_, _>>()?,
+        other => {
+            return Err(format!(
+                "`evidence` is {other}; expected a list of turn ids, like [\"t1\"]"
+            ))
+        }
+    };
+    let evidence = entries
+        .into_iter()
+        .flat_map(|ids| ids.split(';'))
+        .map(str::trim)
+        .filter(|id| !id.is_empty())
+        .map(str::to_string)
+        .collect();
     Ok(Question {
         question: text,
         answer: answer.filter(|_| category != Category::Adversarial),
@@ -465,6 +477,27 @@ mod tests {
         let convs = load_conversations(&own).unwrap();
         assert_eq!(convs[0].turns[0].speaker, "Ana");
         assert_eq!(convs[0].questions[0].category, Category::Temporal);
+        // Evidence as one string is read as a list of it; anything else but a list of
+        // strings is refused with its line.
+        std::fs::write(
+            &own,
+            "{\"conversation\": \"trip\", \"id\": \"t1\", \"name\": \"Ana\", \"content\": \"Hi.\"}\n\
+             {\"conversation\": \"trip\", \"question\": \"Q?\", \"answer\": \"x\", \"evidence\": \"t1; t2\"}\n",
+        )
+        .unwrap();
+        let convs = load_conversations(&own).unwrap();
+        assert_eq!(convs[0].questions[0].evidence, ["t1", "t2"]);
+        std::fs::write(
+            &own,
+            "{\"conversation\": \"trip\", \"id\": \"t1\", \"name\": \"Ana\", \"content\": \"Hi.\"}\n\
+             {\"conversation\": \"trip\", \"question\": \"Q?\", \"answer\": \"x\", \"evidence\": [1]}\n",
+        )
+        .unwrap();
+        let err = load_conversations(&own).unwrap_err().to_string();
+        assert!(
+            err.contains("line 2") && err.contains("`evidence` holds 1"),
+            "{err}"
+        );
         std::fs::write(&own, "{\"conversation\": \"x\", \"nothing\": 1}\n").unwrap();
         let err = load_conversations(&own).unwrap_err().to_string();
         assert!(err.contains("line 1") && err.contains("content"), "{err}");
