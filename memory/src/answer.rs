@@ -160,9 +160,7 @@ pub fn answer_with_evidence(
             report.seconds = reply.seconds;
             report.timings = reply.timings;
             report.stop_reason = reply.stop_reason;
-            Some(first_line(&reply.answer))
-                .filter(|s| !abstains(s))
-                .map(|s| without_restatement(question, &s))
+            told(question, &reply.answer)
         };
         let units: Vec<Option<String>> = a
             .units
@@ -620,6 +618,17 @@ pub fn abstains(answer: &str) -> bool {
         .any(|m| a.contains(m))
 }
 
+/// What a model's `reply` to `question` tells: its first line without the words that
+/// repeat the question ([`without_restatement`]); nothing when it says the passage does
+/// not tell ([`abstains`]) or is itself a question, the question copied back ("Did Ana
+/// and Ben grow up with a dog?") or a turn's question copied from the passage ("What
+/// kind of yoga is it?"), so that another passage's answer is chosen.
+fn told(question: &str, reply: &str) -> Option<String> {
+    Some(first_line(reply))
+        .filter(|s| !abstains(s) && !s.trim_end().ends_with('?'))
+        .map(|s| without_restatement(question, &s))
+}
+
 /// Whether a question asks when: it starts with "when", or asks what or which date,
 /// day, month or year.
 pub(crate) fn asks_when(question: &str) -> bool {
@@ -898,6 +907,24 @@ mod tests {
             cut("Is Ravi married?", "Ravi is married."),
             "Ravi is married."
         );
+    }
+
+    #[test]
+    fn a_reply_that_asks_or_abstains_tells_nothing() {
+        let q = "Did Ana and Ben grow up with a dog?";
+        assert_eq!(told(q, q), None);
+        assert_eq!(told(q, &format!("Question: {q}")), None);
+        assert_eq!(
+            told(q, "Wow, that looks great! What kind of dog is it?"),
+            None
+        );
+        assert_eq!(told(q, "not known"), None);
+        assert_eq!(
+            told(q, "Yes, they grew up with a dog named Rex.\nQuestion: …").as_deref(),
+            Some("Yes, they grew up with a dog named Rex.")
+        );
+        let q = "Where does Ravi live?";
+        assert_eq!(told(q, "Ravi lives in Graz.").as_deref(), Some("in Graz."));
     }
 
     #[test]
