@@ -59,7 +59,8 @@ pub(crate) const WHEN_SCALE: usize = 2;
 /// says, oldest first; any other question gets the newest passage's answer
 /// (a fact said again later replaces what was said before), then the notes', then "not
 /// mentioned"; an answer that only repeats a turn's time or label ("2024-03-11 09:40",
-/// "user (Ana): …") counts as the passage not telling. A question asking when gets the
+/// "user (Ana): …") counts as the passage not telling, as does one that is itself a
+/// question ([`told`]). A question asking when gets the
 /// date of the turn that bears on it most among every passage found, without the model,
 /// when that turn's date is known (see [`WHEN_SCALE`]). A question that names someone or something that neither the passages
 /// found nor the memory mention is answered "not mentioned" without the model (see
