@@ -128,7 +128,7 @@ pub enum Command {
     /// answering turn bears most on the question wins; a question asking for every value
     /// ("What pets does Ana have?") searches and reads three times as much and gets
     /// every passage's answer; then the memory's, then "not known". A question asking
-    /// when ("When did Ana fly to Porto?") searches twice as much and is answered
+    /// when ("When did Ana fly to Porto?") searches five times as much and is answered
     /// without the model, whatever the budget: the date of the turn among all the
     /// passages found that bears on it most, its "yesterday" resolved.
     /// --memory-only answers from the memory alone; --deep reads the stored chunks again
