@@ -51,7 +51,7 @@ pub(crate) const LIST_SCALE: usize = 3;
 /// 0.535, 79%; of 16, 0.544, 82%; of 24, 0.542, 84%; model calls 3.0 → 0.6 a question
 /// (the rest write their date out, and the model reads those). With the later search
 /// (late interaction) and dates: of 16, F1 0.567 and 85.7%; of 24, 0.567 and 86.0%; of
-/// 40, 0.567 and 86.7% (one answer changed, wrong either way), 0.21 → 0.24 s a question.
+/// 40, 0.567 and 86.7% (one answer changed, wrong either way), 0.21 → 0.23 s a question.
 pub(crate) const WHEN_SCALE: usize = 5;
 
 /// Each question answered from its passages, one prompt per passage
@@ -625,7 +625,7 @@ pub fn abstains(answer: &str) -> bool {
 /// repeat the question ([`without_restatement`]); nothing when it says the passage does
 /// not tell ([`abstains`]) or is itself a question, the question copied back ("Did Ana
 /// and Ben grow up with a dog?") or a turn's question copied from the passage ("What
-/// kind of yoga is it?"), so that another passage's answer is chosen.
+/// kind of cake is it?"), so that another passage's answer is chosen.
 fn told(question: &str, reply: &str) -> Option<String> {
     Some(first_line(reply))
         .filter(|s| !abstains(s) && !s.trim_end().ends_with('?'))
