@@ -119,8 +119,8 @@ pub enum Command {
     /// Ingesting the same file again appends only what is new.
     Ingest(IngestArgs),
     /// Answer a question from the passages a search finds for it and the stream's
-    /// memory, citing the passages the answer comes from; the same cost however long
-    /// the stream
+    /// memory, citing the passages the answer comes from (in a chat log, the turn); the
+    /// same cost however long the stream
     ///
     /// The best passages of everything the stream stored (BM25 and sentence embeddings,
     /// fused), within --evidence-tokens, are each asked the question in one batch, beside
@@ -661,7 +661,7 @@ pub struct QueryArgs {
     /// Tokens of passages the answer may read, shared out among its prompts (one per
     /// passage); a question asking for every value of a kind ("What pets does Ana
     /// have?") reads three times as many, from three times -k passages; a question
-    /// asking when is dated from twice -k passages by code, outside this budget
+    /// asking when is dated from five times -k passages by code, outside this budget
     #[arg(long, value_name = "TOKENS", default_value_t = memagent_memory::EVIDENCE_TOKENS)]
     pub evidence_tokens: usize,
 
@@ -872,7 +872,7 @@ pub struct AskArgs {
     /// Tokens of passages the answer may read, shared out among its prompts (one per
     /// passage); a question asking for every value of a kind ("What pets does Ana
     /// have?") reads three times as many, from three times -k passages; a question
-    /// asking when is dated from twice -k passages by code, outside this budget
+    /// asking when is dated from five times -k passages by code, outside this budget
     #[arg(long, value_name = "TOKENS", default_value_t = memagent_memory::EVIDENCE_TOKENS)]
     pub evidence_tokens: usize,
 

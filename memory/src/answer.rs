@@ -6,8 +6,8 @@ use memagent_agent::{AnswerReport, MemoryAgent, TextTokenizer, PASSAGE_ANSWER};
 use memagent_engine::words::{sentences, stems};
 use memagent_recall::dates;
 use memagent_recall::passages::{
-    answer_context, bearing_sentences, coverage, holds_any, is_turn, names, rarest_words,
-    relevant_notes, times_once, turn_speaker, turn_time, written_coverage,
+    answer_context, answering_line, bearing_sentences, coverage, holds_any, is_turn, names,
+    rarest_words, relevant_notes, times_once, turn_speaker, turn_time, written_coverage,
 };
 use memagent_store::MemoryVersion;
 
@@ -212,7 +212,13 @@ pub fn answer_with_evidence(
             }
         }
         for unit in cited {
-            passages[a.units[unit].0].cited = true;
+            let passage = &mut passages[a.units[unit].0];
+            passage.cited = true;
+            // The turn the unit's answer reads from, the first a passage's units cite.
+            if let (None, Some(said)) = (&passage.turn, &units[unit]) {
+                passage.turn = answering_line(&passage.hit.text, said, question)
+                    .map(|(at, end)| passage.turn_at(at, end));
+            }
         }
         report.reply = answer.clone();
         report.answer = answer;
@@ -671,7 +677,12 @@ fn dated_by_code(
     let Some(date) = passage_date(&e.hit.text, question, continued(e)) else {
         return Ok(None);
     };
+    let turn = bearing_line(&e.hit.text, question, continued(e)).map(|(line, _)| {
+        let at = line.as_ptr() as usize - e.hit.text.as_ptr() as usize;
+        e.turn_at(at, at + line.len())
+    });
     passages[best].cited = true;
+    passages[best].turn = turn;
     Ok(Some(Asked {
         made: Some(date),
         passages,

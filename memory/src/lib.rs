@@ -47,8 +47,8 @@ pub use query::{
 };
 pub use search::{
     evidence_passages, index_lag, rerank, rerank_field_error, search, shown_ranges, sync_all,
-    sync_changes, sync_stream, unlabelled, unmentioned, Evidence, ReadAhead, EVIDENCE_TOKENS,
-    MEANING_ONLY_SIMILARITY, NOTE_LINES, RERANK_MAX, RERANK_PROMPT,
+    sync_changes, sync_stream, unlabelled, unmentioned, CitedTurn, Evidence, ReadAhead,
+    EVIDENCE_TOKENS, MEANING_ONLY_SIMILARITY, NOTE_LINES, RERANK_MAX, RERANK_PROMPT,
 };
 pub use sources::{line_sources, LineSource};
 

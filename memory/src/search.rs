@@ -6,7 +6,7 @@ use std::cell::RefCell;
 
 use memagent_agent::{Backend, TextTokenizer};
 use memagent_recall::passages::{
-    focus, focus_turns, is_turn, lowercase_names, mentions, names, shares_words,
+    focus, focus_turns, is_turn, lowercase_names, mentions, names, shares_words, turn_time,
 };
 use memagent_recall::{Hit, LogSource, Origin, Recall, SearchRequest, SyncReport};
 use serde::{Deserialize, Serialize};
@@ -33,6 +33,25 @@ pub struct Evidence {
     /// tokens after this passage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub likelihood: Option<f64>,
+    /// In an answer citing a chat passage: the turn the answer comes from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<CitedTurn>,
+    /// Where each chat turn that starts in the passage starts: its byte in the stream's
+    /// log and its line in the source file, as the store's segments record them.
+    #[serde(skip)]
+    pub turn_lines: Vec<(u64, u64)>,
+}
+
+/// The chat turn an answer cites within a passage ([`Evidence::turn`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CitedTurn {
+    /// Byte range of the stream's log.
+    pub start: u64,
+    pub end: u64,
+    /// The turn's line in the source file (a chat log's line), when known.
+    pub line: Option<u64>,
+    /// The turn's time, when it has one.
+    pub time: Option<String>,
 }
 
 impl Evidence {
@@ -44,8 +63,71 @@ impl Evidence {
             said: None,
             cited: false,
             likelihood: None,
+            turn: None,
+            turn_lines: Vec::new(),
         }
     }
+
+    /// The turn of this passage holding the bytes `at..end` of its text (a line of it),
+    /// with the turn's line in the source file and its time; the passage's own first
+    /// line and time when the line comes before the passage's first turn (a passage cut
+    /// inside a turn).
+    pub fn turn_at(&self, at: usize, end: usize) -> CitedTurn {
+        let h = &self.hit;
+        let offset = h.start + at as u64;
+        let Some(i) = self.turn_lines.iter().rposition(|&(o, _)| o <= offset) else {
+            return CitedTurn {
+                start: h.start,
+                end: h.start + end as u64,
+                line: h.line,
+                time: h.time.clone(),
+            };
+        };
+        let (start, line) = self.turn_lines[i];
+        let next = self.turn_lines.get(i + 1).map_or(h.end, |&(o, _)| o);
+        let from = (start - h.start) as usize;
+        CitedTurn {
+            start,
+            end: next.max(h.start + end as u64),
+            line: Some(line),
+            time: turn_time(&h.text[from..]).map(str::to_string),
+        }
+    }
+}
+
+/// Where each chat turn starting in `hit` starts, as the store's segments record it:
+/// its byte in the stream's log and its line in the source file (see
+/// [`Evidence::turn_lines`]). Empty for text that is not a chat log's.
+fn turn_lines(store: &Store, stream: &StreamRecord, hit: &Hit) -> Result<Vec<(u64, u64)>> {
+    let mut out = Vec::new();
+    let mut segment: Option<(u64, SegmentRecord)> = None;
+    let line_of = |segment: &Option<(u64, SegmentRecord)>, offset: u64| {
+        segment.as_ref().and_then(|(start, s)| {
+            s.turns
+                .iter()
+                .find(|&&(o, _)| start + o == offset)
+                .map(|&(_, line)| line)
+        })
+    };
+    let mut at = 0u64;
+    for text in hit.text.split_inclusive('\n') {
+        let offset = hit.start + at;
+        at += text.len() as u64;
+        if !is_turn(text) {
+            continue;
+        }
+        let line = match line_of(&segment, offset) {
+            Some(line) => Some(line),
+            None => {
+                segment = store.segment_at(stream, offset)?;
+                line_of(&segment, offset)
+            }
+        };
+        if let Some(line) = line {
+            out.push((offset, line));
+        }
+    }
+    Ok(out)
 }
 
 /// Indexes what `stream`'s log holds past what the index has read; `on_progress` sees
@@ -196,11 +278,19 @@ pub fn search(
         .map_err(Error::from)?;
     hits.into_iter()
         .map(|hit| {
-            let version = match records.iter().find(|s| s.id == hit.stream_id) {
+            let record = records.iter().find(|s| s.id == hit.stream_id);
+            let version = match record {
                 Some(s) => store.version_reading(s, hit.start)?,
                 None => None,
             };
-            Ok(Evidence::found(hit, version))
+            let lines = match record {
+                Some(s) => turn_lines(store, s, &hit)?,
+                None => Vec::new(),
+            };
+            Ok(Evidence {
+                turn_lines: lines,
+                ..Evidence::found(hit, version)
+            })
         })
         .collect()
 }

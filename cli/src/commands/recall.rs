@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use memagent_memory::Evidence;
-use memagent_recall::{Embedder, Hit, Recall};
+use memagent_recall::{Embedder, Recall};
 use memagent_store::Store;
 use serde_json::json;
 
@@ -182,20 +182,25 @@ pub fn search_passages(
 pub fn with_citations(answer: &str, passages: &[Evidence]) -> String {
     let mut text = answer.trim().to_string();
     for p in passages.iter().filter(|p| p.cited) {
-        text.push_str(&format!("\n  from {}", citation(&p.hit)));
+        text.push_str(&format!("\n  from {}", citation(p)));
     }
     text
 }
 
-/// Where a passage is, short: its file and line (or its stream's bytes), and the chat
-/// turn's time when it has one.
-pub fn citation(p: &Hit) -> String {
-    let mut at = match (&p.source, p.line) {
+/// Where a cited passage is, short: its file and line (or its stream's bytes), and the
+/// chat turn's time when it has one; the turn the answer comes from when it cites one.
+pub fn citation(p: &Evidence) -> String {
+    let h = &p.hit;
+    let (line, time, bytes) = match &p.turn {
+        Some(t) => (t.line, &t.time, (t.start, t.end)),
+        None => (h.line, &h.time, (h.start, h.end)),
+    };
+    let mut at = match (&h.source, line) {
         (Some(source), Some(line)) => format!("{source}:{line}"),
         (Some(source), None) => source.clone(),
-        _ => format!("{} bytes {}..{}", p.stream, p.start, p.end),
+        _ => format!("{} bytes {}..{}", h.stream, bytes.0, bytes.1),
     };
-    if let Some(time) = &p.time {
+    if let Some(time) = time {
         at.push_str(&format!(" ({time})"));
     }
     at
@@ -210,6 +215,12 @@ pub fn provenance(p: &Evidence) -> String {
             Some(line) => parts.push(format!("{source}:{line}")),
             None => parts.push(source.clone()),
         }
+    }
+    if let Some(t) = &p.turn {
+        parts.push(match t.line {
+            Some(line) => format!("the answer's turn: line {line}"),
+            None => format!("the answer's turn: bytes {}..{}", t.start, t.end),
+        });
     }
     if let Some(v) = p.version {
         parts.push(format!("memory v{v}"));

@@ -60,6 +60,12 @@ struct Record {
     turns_shown: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     shown_recall: Option<f64>,
+    /// The turns of the passages the answer cites, and the turns it cites in them (a
+    /// chat answer cites the turn it reads from).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    passages_cited: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    turns_cited: Vec<String>,
     /// Search mode: the share at 1, 5 and 10 passages.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     recall_at: Vec<f64>,
@@ -359,6 +365,8 @@ impl Asking<'_> {
             evidence_recall: None,
             turns_shown: Vec::new(),
             shown_recall: None,
+            passages_cited: Vec::new(),
+            turns_cited: Vec::new(),
             recall_at: Vec::new(),
             found: Vec::new(),
             seconds: 0.0,
@@ -470,6 +478,16 @@ impl Asking<'_> {
             }
             record.shown_recall = recall_of(&record.evidence, &shown);
             record.turns_shown = shown;
+            for e in answer.passages.iter().flatten().filter(|e| e.cited) {
+                record
+                    .passages_cited
+                    .extend(self.layout.turns_in(e.hit.start, e.hit.end));
+                if let Some(t) = &e.turn {
+                    record
+                        .turns_cited
+                        .extend(self.layout.turns_in(t.start, t.end));
+                }
+            }
         }
         record.answer = answer.text().trim().to_string();
         record.score = locomo_score(q, &record.answer);
@@ -533,6 +551,11 @@ fn summary(records: &[&Record]) -> serde_json::Value {
     let share = |rs: &[&&Record], f: &dyn Fn(&Record) -> bool| {
         mean(rs.iter().map(|r| f64::from(u8::from(f(r)))))
     };
+    let citing: Vec<&&Record> = answerable
+        .iter()
+        .copied()
+        .filter(|r| !r.passages_cited.is_empty() && !r.evidence.is_empty())
+        .collect();
     // The search's measures count the questions with an evidence turn in their chat.
     let searched: Vec<&&Record> = answerable
         .iter()
@@ -549,6 +572,11 @@ fn summary(records: &[&Record]) -> serde_json::Value {
         "false_not_known": share(&answerable, &|r| r.abstained),
         "evidence_recall": mean(answerable.iter().filter_map(|r| r.evidence_recall)),
         "evidence_shown": mean(answerable.iter().filter_map(|r| r.shown_recall)),
+        // Of the answers citing a passage, those whose passages (turns) cited hold an
+        // evidence turn.
+        "cited_passage_evidence": share(&citing, &|r| r.passages_cited.iter().any(|t| r.evidence.contains(t))),
+        "cited_turn_evidence": share(&citing, &|r| r.turns_cited.iter().any(|t| r.evidence.contains(t))),
+        "citing": citing.len(),
         "with_evidence": searched.len(),
         "recall_at": DEPTHS.iter().enumerate().map(|(i, d)| {
             json!({"passages": d, "recall": mean(searched.iter().filter_map(|r| r.recall_at.get(i).copied())),
@@ -696,6 +724,12 @@ fn markdown(args: &BenchQaArgs, value: &serde_json::Value) -> String {
             pct(&o["adversarial_not_mentioned"]),
             pct(&o["adversarial_abstained"]),
             pct(&o["false_not_known"]),
+        ));
+        md.push_str(&format!(
+            "Of {} answers citing a passage, the passages cited hold an evidence turn for {}, the turns cited for {}.\n",
+            o["citing"],
+            pct(&o["cited_passage_evidence"]),
+            pct(&o["cited_turn_evidence"]),
         ));
     }
     md.push_str("\nPlot: f1.svg (F1 per category and mode; search mode: recall at 5).\n");

@@ -638,10 +638,9 @@ fn a_question_asking_when_gets_the_turn_s_resolved_date_from_every_passage_found
     // Sittings on six days, two people; the trip is told on the fourth day, the day
     // after it happened, and Porto comes up again later without it.
     let mut log = String::new();
-    let mut turn = |name: &str, content: &str, time: &str| {
-        log.push_str(&chat_line(name, content, time));
-    };
     let mut said = sentences.iter().cycle();
+    // The line and time of the turn telling the trip.
+    let mut told = (0, String::new());
     for day in 8..14 {
         for (i, name) in ["Ana", "Ben", "Ana", "Ben", "Ana", "Ben"]
             .iter()
@@ -649,11 +648,14 @@ fn a_question_asking_when_gets_the_turn_s_resolved_date_from_every_passage_found
         {
             let time = format!("2024-03-{day:02} 1{i}:00");
             let content = match (day, i) {
-                (11, 2) => "I flew to Porto yesterday to see my aunt.".to_string(),
+                (11, 2) => {
+                    told = (log.lines().count() + 1, time.clone());
+                    "I flew to Porto yesterday to see my aunt.".to_string()
+                }
                 (13, 3) => "Porto has the best pastries, everyone says so.".to_string(),
                 _ => format!("{}. {}.", said.next().unwrap(), said.next().unwrap()),
             };
-            turn(name, &content, &time);
+            log.push_str(&chat_line(name, &content, &time));
         }
     }
     ingest_talk(&dir, &log);
@@ -682,6 +684,79 @@ fn a_question_asking_when_gets_the_turn_s_resolved_date_from_every_passage_found
     assert_eq!(cited.len(), 1, "{answer:#}");
     assert!(
         cited[0].contains("(Ana): I flew to Porto yesterday"),
+        "{answer:#}"
+    );
+    // The answer cites the turn itself: its line of the chat log and its time.
+    let turn = answer["passages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["cited"] == true)
+        .map(|p| p["turn"].clone())
+        .unwrap();
+    assert_eq!(turn["line"], told.0, "{answer:#}");
+    assert_eq!(turn["time"], told.1.as_str(), "{answer:#}");
+    let o = run(&dir, &["query", "talk", "When did Ana fly to Porto?"]);
+    let printed = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        printed.contains(&format!("talk.jsonl:{} ({})", told.0, told.1)),
+        "{printed}"
+    );
+}
+
+/// An answer the model reads from a chat passage cites the turn holding the answer's
+/// words (then the question's): its line of the chat log and its time, where the
+/// passage starts lines and hours earlier. A stand-in for a served model (a loopback
+/// server speaking the OpenAI protocol) answers every passage "Graz.".
+#[test]
+fn an_answer_cites_the_chat_turn_it_reads_from() {
+    let dir = data_dir("search-cited-turn");
+    let turns = [
+        (
+            "Ben",
+            "Did you hear back about the new job?",
+            "2024-03-29 18:00",
+        ),
+        (
+            "Ana",
+            "Not yet, but Graz would be lovely.",
+            "2024-03-29 18:01",
+        ),
+        ("Ben", "Fingers crossed for you then.", "2024-03-29 18:02"),
+        (
+            "Ana",
+            "Good news: I moved to Graz for the new job last week.",
+            "2024-04-02 09:40",
+        ),
+        (
+            "Ben",
+            "Congratulations, that is wonderful!",
+            "2024-04-02 09:41",
+        ),
+    ];
+    let log: String = turns
+        .iter()
+        .map(|(name, content, time)| chat_line(name, content, time))
+        .collect();
+    ingest_talk(&dir, &log);
+    let (answer, _) = query_stand_in(&dir, "Where did Ana move for the new job?", |_| {
+        "Graz.".to_string()
+    });
+    assert_eq!(answer["answer"], "Graz.", "{answer:#}");
+    let cited: Vec<&Value> = answer["passages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["cited"] == true)
+        .collect();
+    assert!(!cited.is_empty(), "{answer:#}");
+    // The turn both of Graz and of the new job, not the first one naming Graz.
+    let moved = turns.iter().position(|t| t.1.contains("moved")).unwrap();
+    let turn = &cited[0]["turn"];
+    assert_eq!(turn["line"], moved + 1, "{answer:#}");
+    assert_eq!(turn["time"], turns[moved].2, "{answer:#}");
+    assert!(
+        cited[0]["line"].as_u64().unwrap() < (moved + 1) as u64,
         "{answer:#}"
     );
 }
