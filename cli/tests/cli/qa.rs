@@ -1,7 +1,8 @@
 //! `memctl bench qa` on a conversation of our own JSON Lines: the direct baseline reads
-//! the whole conversation when it fits the context, in one model call, and the search
+//! the whole conversation when it fits the context, in one model call, the search
 //! mode reports its recall at each depth and the passages it found, over the questions
-//! whose evidence names turns of the chat.
+//! whose evidence names turns of the chat, and the answers the passages and turns they
+//! cite.
 
 use super::{stderr, with_model};
 
@@ -48,7 +49,7 @@ fn the_direct_baseline_reads_a_short_conversation_whole() {
         "--data",
         data.to_str().unwrap(),
         "--modes",
-        "direct,search",
+        "direct,search,evidence",
         "--no-memory",
         "--rerank",
         "3",
@@ -105,6 +106,25 @@ fn the_direct_baseline_reads_a_short_conversation_whole() {
             .iter()
             .all(|f| f["likelihood"].as_f64().unwrap() < 0.0),
         "{search}"
+    );
+
+    // An answer cites the passage it read and, in it, the turn it read from.
+    let baked = records
+        .iter()
+        .find(|r| r["mode"] == "evidence" && r["question"] == "What did Ben bake?")
+        .unwrap();
+    assert_eq!(
+        baked["passages_cited"],
+        serde_json::json!(["t1", "t2", "t3"]),
+        "{baked}"
+    );
+    assert_eq!(baked["turns_cited"], serde_json::json!(["t2"]), "{baked}");
+    let cited = &summary["results"]["evidence"]["overall"];
+    assert_eq!(cited["citing"], 2, "{cited}");
+    assert_eq!(cited["cited_passage_evidence"], 1.0, "{cited}");
+    assert!(
+        cited["cited_turn_evidence"].as_f64().unwrap() >= 0.5,
+        "{cited}"
     );
 
     let bad = with_model(&[
