@@ -203,6 +203,13 @@ pub fn read_pending(
 }
 
 pub fn query(global: &Settings, args: &QueryArgs) -> Result<()> {
+    // As the daemon's API answers an empty question.
+    if let Some(i) = args.questions.iter().position(|q| q.trim().is_empty()) {
+        match args.questions.len() {
+            1 => bail!("the question is empty"),
+            _ => bail!("question {} is empty", i + 1),
+        }
+    }
     let query = Query {
         stream: args.stream.clone(),
         questions: args.questions.clone(),

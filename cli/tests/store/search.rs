@@ -759,6 +759,16 @@ fn an_answer_cites_the_chat_turn_it_reads_from() {
         cited[0]["line"].as_u64().unwrap() < (moved + 1) as u64,
         "{answer:#}"
     );
+    // An empty question is an error, as the daemon's API says it, before any model loads.
+    let o = run(&dir, &["query", "talk", " "]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("the question is empty"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&dir, &["query", "talk", "Where did Ana move?", ""]);
+    assert!(stderr(&o).contains("question 2 is empty"), "{}", stderr(&o));
 }
 
 /// A sitting's turns all carry its time, and an answer's prompt shows it once: on the
