@@ -725,12 +725,14 @@ fn markdown(args: &BenchQaArgs, value: &serde_json::Value) -> String {
             pct(&o["adversarial_abstained"]),
             pct(&o["false_not_known"]),
         ));
-        md.push_str(&format!(
-            "Of {} answers citing a passage, the passages cited hold an evidence turn for {}, the turns cited for {}.\n",
-            o["citing"],
-            pct(&o["cited_passage_evidence"]),
-            pct(&o["cited_turn_evidence"]),
-        ));
+        if o["citing"].as_u64().unwrap_or(0) > 0 {
+            md.push_str(&format!(
+                "Of {} answers citing a passage, the passages cited hold an evidence turn for {}, the turns cited for {}.\n",
+                o["citing"],
+                pct(&o["cited_passage_evidence"]),
+                pct(&o["cited_turn_evidence"]),
+            ));
+        }
     }
     md.push_str("\nPlot: f1.svg (F1 per category and mode; search mode: recall at 5).\n");
     md
