@@ -1364,14 +1364,16 @@ pub struct BenchQaArgs {
     /// Answer modes: `evidence` (memory and passages, as `memctl query`), `memory` (the
     /// memory alone, `--memory-only`), `search` (no answer: the search alone, for its
     /// evidence recall at 1, 5 and 10 passages; results.jsonl lists each question's
-    /// passages found, with their turns, scores and likelihoods), `direct` (the baseline:
-    /// as much of the conversation's end as fits the model's context, in one prompt)
+    /// passages found, 10 or -k when more, with their turns, scores and likelihoods),
+    /// `direct` (the baseline: as much of the conversation's end as fits the model's
+    /// context, in one prompt)
     #[arg(long, value_delimiter = ',', default_value = "evidence")]
     pub modes: Vec<String>,
     /// Leave the general memory empty (skip the memory steps): passages alone
     #[arg(long)]
     pub no_memory: bool,
-    /// Passages searched per question
+    /// Passages searched per question (the search mode lists 10, or this many when
+    /// more)
     #[arg(short = 'k', long, default_value_t = memagent_memory::PASSAGES_K)]
     pub passages: usize,
     /// Tokens of passages an answer may read (a question asking for every value: three

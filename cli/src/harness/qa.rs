@@ -380,7 +380,7 @@ impl Asking<'_> {
                 self.recall,
                 Some(&[STREAM]),
                 &q.question,
-                deepest.max(self.args.rerank),
+                deepest.max(self.args.passages).max(self.args.rerank),
             )?;
             let order: Vec<(u64, u64)> = found.iter().map(|e| (e.hit.start, e.hit.end)).collect();
             if let (n @ 1.., Some(backend)) = (self.args.rerank, self.backend) {
