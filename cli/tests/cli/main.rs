@@ -165,13 +165,7 @@ fn model_info_describes_the_default_model() {
         "{text}"
     );
     // Its reader, installed beside it too, answers from passages.
-    assert_eq!(v["reader"]["default"], true, "{v:#}");
-    assert_eq!(v["reader"]["applied"], true, "{v:#}");
-    assert_eq!(
-        v["reader"]["answers"],
-        serde_json::json!(["memagent-passage-answer"]),
-        "{v:#}"
-    );
+    assert_default_reader(&v);
     assert!(
         text.contains("base matches): answers from passages run with it"),
         "{text}"
@@ -179,6 +173,39 @@ fn model_info_describes_the_default_model() {
     // Without it, the text says what answers from passages run with.
     let text = stdout(&with_model(&["--reader", "none", "model", "info"]));
     assert!(text.contains("reader:         none"), "{text}");
+}
+
+/// `model info --json`'s reader: the default one beside the model file, trained on it,
+/// applied to answers from passages and to nothing else.
+fn assert_default_reader(v: &serde_json::Value) {
+    assert_eq!(v["reader"]["default"], true, "{v:#}");
+    assert_eq!(v["reader"]["applied"], true, "{v:#}");
+    assert_eq!(v["reader"]["base_matches"], true, "{v:#}");
+    assert_eq!(
+        v["reader"]["answers"],
+        serde_json::json!(["memagent-passage-answer"]),
+        "{v:#}"
+    );
+}
+
+/// Qwen2.5-Coder-0.5B comes with a reader of its own, installed beside it by
+/// `scripts/fetch-model qwen2.5-coder-0.5b-instruct`, trained on that exact file: it
+/// reads answers from passages, and nothing else (there is no writer's adapter for it).
+#[test]
+fn the_second_model_s_reader_is_installed_beside_it_and_reads_passages() {
+    let qwen = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../models/Qwen2.5-Coder-0.5B-Instruct.gguf");
+    assert!(
+        qwen.is_file(),
+        "{} missing: run scripts/fetch-model qwen2.5-coder-0.5b-instruct (scripts/test does)",
+        qwen.display()
+    );
+    let o = memctl(&["--model", qwen.to_str().unwrap(), "model", "info", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["architecture"], "qwen2", "{v:#}");
+    assert_default_reader(&v);
+    assert!(v["adapter"].is_null(), "{v:#}");
 }
 
 /// How decoding is set for this CPU: measured the first time (a fresh cache), read back
