@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::chats::{chat_line, sittings_about_bees};
+use crate::chats::{chat_line, sittings_about_baking, sittings_about_bees};
 use crate::{data_dir, run, stderr};
 
 fn json(o: &std::process::Output) -> Value {
@@ -959,4 +959,39 @@ fn a_query_reads_the_passages_ranked_again_and_a_remote_model_cannot_rank_them()
         "{}",
         stderr(&o)
     );
+}
+
+/// Of the passages that answer a single value, a question of one occasion ("What did Ana
+/// bake for Ben's party?") gets the answer of the passage the search ranks first, not a
+/// later one about another occasion in as many of the question's words; a question of
+/// how things stand now ("What does Ana bake for parties?") gets the newest. A stand-in
+/// for a served model (a loopback server speaking the OpenAI protocol) reads each
+/// passage's prompt: "A lemon cake." where Ben's party shows, "Rye bread." where the
+/// office party does.
+#[test]
+fn a_question_of_one_occasion_is_answered_from_the_passage_found_first() {
+    let dir = data_dir("search-one-occasion");
+    ingest_talk(&dir, &sittings_about_baking());
+    let reply = |prompt: &str| {
+        let said = if prompt.contains("lemon cake for your party") {
+            "A lemon cake."
+        } else if prompt.contains("rye bread") {
+            "Rye bread."
+        } else {
+            "Not known."
+        };
+        said.to_string()
+    };
+    let (answer, prompts) = query_stand_in(&dir, "What did Ana bake for Ben's party?", reply);
+    // Both occasions were read and answered: the choice is between them.
+    assert!(
+        prompts.iter().any(|p| p.contains("rye bread"))
+            && prompts
+                .iter()
+                .any(|p| p.contains("lemon cake for your party")),
+        "{prompts:#?}"
+    );
+    assert_eq!(answer["answer"], "A lemon cake.", "{answer:#}");
+    let (answer, _) = query_stand_in(&dir, "What does Ana bake for parties?", reply);
+    assert_eq!(answer["answer"], "Rye bread.", "{answer:#}");
 }

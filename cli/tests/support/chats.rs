@@ -13,14 +13,6 @@ pub fn chat_line(name: &str, content: &str, time: &str) -> String {
 /// Four sittings of a chat in chat-jsonl: the first asks about bees, the third says
 /// where Ana keeps her hives, the others are small talk.
 pub fn sittings_about_bees() -> String {
-    let small_talk = [
-        "Did you see the rain this morning? It came down in sheets for an hour.",
-        "I did, the street outside turned into a little river and the buses were all late.",
-        "My umbrella gave up halfway to the station, so I arrived soaked and grumpy.",
-        "At least the weekend forecast looks dry, maybe we can walk along the river then.",
-        "That sounds good, we could stop for coffee at the place near the bridge.",
-        "Their cakes are great too, the lemon one especially, I always order it.",
-    ];
     let sittings: [(&str, [(&str, &str); 2]); 4] = [
         (
             "2024-03-02",
@@ -63,13 +55,64 @@ pub fn sittings_about_bees() -> String {
             ],
         ),
     ];
+    padded_sittings(&sittings)
+}
+
+/// Three sittings of a chat in chat-jsonl: Ana bakes a lemon cake for Ben's party in the
+/// first, rye bread for an office party in the third (in as many words of "What did Ana
+/// bake for Ben's party?"), the second is about fencing.
+pub fn sittings_about_baking() -> String {
+    let sittings: [(&str, [(&str, &str); 2]); 3] = [
+        (
+            "2024-03-02",
+            [
+                (
+                    "Ben",
+                    "Thanks for coming to my party, Ana! Everyone loved what you baked for the party.",
+                ),
+                (
+                    "Ana",
+                    "Happy to! I baked the lemon cake for your party myself, Ben.",
+                ),
+            ],
+        ),
+        (
+            "2024-03-09",
+            [
+                ("Ben", "How was the fencing club this week?"),
+                ("Ana", "Tiring. We drilled parries for two hours."),
+            ],
+        ),
+        (
+            "2024-03-16",
+            [
+                ("Ben", "Are you coming to the office party on Friday, Ana?"),
+                ("Ana", "Yes, and I baked rye bread for the party, Ben."),
+            ],
+        ),
+    ];
+    padded_sittings(&sittings)
+}
+
+/// Each sitting (its day, its two opening turns) followed by the same small talk, a turn a
+/// minute from 10:00: about 90 words of talk, so that each sitting's opening lies in
+/// passages of its own.
+fn padded_sittings(sittings: &[(&str, [(&str, &str); 2])]) -> String {
+    let small_talk = [
+        "Did you see the rain this morning? It came down in sheets for an hour.",
+        "I did, the street outside turned into a little river and the buses were all late.",
+        "My umbrella gave up halfway to the station, so I arrived soaked and grumpy.",
+        "At least the weekend forecast looks dry, maybe we can walk along the river then.",
+        "That sounds good, we could stop for coffee at the place near the bridge.",
+        "Their cakes are great too, the lemon one especially, I always order it.",
+    ];
     let mut log = String::new();
     for (day, opening) in sittings {
         let talk = small_talk
             .iter()
             .enumerate()
             .map(|(i, words)| (["Ben", "Ana"][i % 2], *words));
-        for (minute, (name, words)) in opening.into_iter().chain(talk).enumerate() {
+        for (minute, (name, words)) in opening.iter().copied().chain(talk).enumerate() {
             log.push_str(&chat_line(name, words, &format!("{day} 10:{minute:02}")));
         }
     }
