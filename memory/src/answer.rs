@@ -89,10 +89,23 @@ pub fn answer_with_evidence(
             true => budget * LIST_SCALE,
             false => budget,
         };
+        // Each passage's place in the search's order (ranked again, with a rerank): the
+        // passages asked are put in log order.
+        let places: Vec<(u64, u64)> = hits
+            .iter()
+            .map(|e| (e.hit.stream_id, e.hit.start))
+            .collect();
         let passages = match absent {
             Some(_) => Vec::new(),
             None => evidence_passages(agent.tokenizer(), question, hits, budget)?,
         };
+        let found: Vec<usize> = passages
+            .iter()
+            .map(|(_, e)| {
+                let at = (e.hit.stream_id, e.hit.start);
+                places.iter().position(|p| *p == at).unwrap_or(usize::MAX)
+            })
+            .collect();
         let texts: Vec<&str> = passages.iter().map(|(_, e)| e.hit.text.as_str()).collect();
         let made = match absent {
             Some(name) => Some(format!("Not mentioned: nothing stored names {name}.")),
@@ -123,6 +136,7 @@ pub fn answer_with_evidence(
         }
         asked.push(Asked {
             made,
+            found,
             passages: passages.into_iter().map(|(_, e)| e).collect(),
             units,
             notes,
@@ -200,11 +214,7 @@ pub fn answer_with_evidence(
             .zip(&unit_said)
             .map(|(text, s)| Beside::of(text, s.unwrap_or(""), question))
             .collect();
-        let found: Vec<f64> = a
-            .units
-            .iter()
-            .map(|(i, _)| a.passages[*i].hit.score)
-            .collect();
+        let found: Vec<usize> = a.units.iter().map(|(i, _)| a.found[*i]).collect();
         let (answer, cited) = chosen_answer(
             question, &unit_said, &about, &beside, &said_at, &found, from_notes,
         );
@@ -365,7 +375,7 @@ impl Beside {
 /// Krakow" in a chat of August against "Ravi lives in Graz" in notes of March imported
 /// after it). Any other question ("What did Ravi bake?") asks of something said once,
 /// and gets the answer of the passage the search ranked first (`found`: each passage's
-/// fused score), not of a later one that answers another occasion. The notes' answer
+/// place in the search's order), not of a later one that answers another occasion. The notes' answer
 /// when no passage says; else "not known".
 ///
 /// Measured on LoCoMo's development conversations (docs/benchmarks/conversations/), the
@@ -380,7 +390,7 @@ fn chosen_answer(
     about: &[bool],
     beside: &[Beside],
     said_at: &[Option<NaiveDateTime>],
-    found: &[f64],
+    found: &[usize],
     from_notes: Option<String>,
 ) -> (String, Vec<usize>) {
     let answering = said
@@ -414,12 +424,10 @@ fn chosen_answer(
                 b.words + 1 >= most || (b.named && b.words > 0)
             })
             .collect();
-        let score = |i: usize| found.get(i).copied().unwrap_or(f64::NEG_INFINITY);
-        // The best ranked; of equal scores, the older.
         let first = answering
             .iter()
             .copied()
-            .max_by(|a, b| score(a.0).total_cmp(&score(b.0)).then(b.0.cmp(&a.0)));
+            .min_by_key(|&(i, _)| (found.get(i).copied().unwrap_or(usize::MAX), i));
         let at = |i: usize| said_at.get(i).copied().flatten();
         let newest = answering.last().copied();
         // Another passage replaces the last in the log only by showing a later time: a
@@ -584,6 +592,8 @@ fn addresses(sentence: &str) -> bool {
 struct Asked {
     /// The answer when it is made without the model.
     made: Option<String>,
+    /// Each passage's place among those the search found (0: the first).
+    found: Vec<usize>,
     passages: Vec<Evidence>,
     /// What is asked: each passage's text (its sentences one by one for every value),
     /// with the passage's index.
@@ -738,6 +748,7 @@ fn dated_by_code(
     passages[best].turn = turn;
     Ok(Some(Asked {
         made: Some(date),
+        found: Vec::new(),
         passages,
         units: Vec::new(),
         notes: None,
@@ -1010,7 +1021,7 @@ mod tests {
             &[true; 4],
             &[Beside::default(); 4],
             &[None; 4],
-            &[0.0; 4],
+            &[0; 4],
             notes,
         );
         assert_eq!(answer, "Ravi moved to Krakow last month.");
@@ -1022,7 +1033,7 @@ mod tests {
         // Two occasions: the search ranks the baking that the question names first; the
         // newer passage answers of another day.
         let said = [Some("A lemon cake."), Some("Bread.")];
-        let found = [0.9, 0.4];
+        let found = [0, 1];
         let answer = |q: &str| {
             chosen_answer(
                 q,
@@ -1089,7 +1100,7 @@ mod tests {
             &[true; 2],
             &[Beside::default(); 2],
             &at,
-            &[0.0; 2],
+            &[0; 2],
             None,
         );
         assert_eq!((answer.as_str(), cited), ("Krakow", vec![0]));
@@ -1100,7 +1111,7 @@ mod tests {
             &[true; 2],
             &[Beside::default(); 2],
             &[None; 2],
-            &[0.0; 2],
+            &[0; 2],
             None,
         );
         assert_eq!(answer, "Graz");
@@ -1112,7 +1123,7 @@ mod tests {
             &[true; 2],
             &[Beside::default(); 2],
             &[at[0], None],
-            &[0.0; 2],
+            &[0; 2],
             None,
         );
         assert_eq!(answer, "Graz");
@@ -1141,7 +1152,7 @@ mod tests {
         let said = [Some("Porto."), Some("Rome.")];
         let beside = beside_all(&texts, &said, q);
         let at: Vec<Option<NaiveDateTime>> = texts.iter().map(|t| said_at(t, q, None)).collect();
-        let (answer, cited) = chosen_answer(q, &said, &[true; 2], &beside, &at, &[0.0; 2], None);
+        let (answer, cited) = chosen_answer(q, &said, &[true; 2], &beside, &at, &[0; 2], None);
         assert_eq!((answer.as_str(), cited), ("Porto.", vec![0]));
         // A change said in other words still replaces what was said before.
         let q = "Where does Ravi live?";
@@ -1152,7 +1163,7 @@ mod tests {
         let said = [Some("Graz."), Some("Krakow.")];
         let beside = beside_all(&texts, &said, q);
         let at: Vec<Option<NaiveDateTime>> = texts.iter().map(|t| said_at(t, q, None)).collect();
-        let (answer, _) = chosen_answer(q, &said, &[true; 2], &beside, &at, &[0.0; 2], None);
+        let (answer, _) = chosen_answer(q, &said, &[true; 2], &beside, &at, &[0; 2], None);
         assert_eq!(answer, "Krakow.");
         // So is one naming whom the question asks about, with fewer of its other words.
         let q = "Where does my sister Ravi live?";
@@ -1162,7 +1173,7 @@ mod tests {
         ];
         let beside = beside_all(&texts, &said, q);
         assert_eq!(beside[0].words, beside[1].words + 2);
-        let (answer, _) = chosen_answer(q, &said, &[true; 2], &beside, &at, &[0.0; 2], None);
+        let (answer, _) = chosen_answer(q, &said, &[true; 2], &beside, &at, &[0; 2], None);
         assert_eq!(answer, "Krakow.");
     }
 
@@ -1241,7 +1252,7 @@ mod tests {
             &[true, false, false],
             &[Beside::default(); 3],
             &[None; 3],
-            &[0.0; 3],
+            &[0; 3],
             None,
         );
         assert_eq!((answer.as_str(), cited), ("It is 4522457.", vec![0]));
@@ -1262,7 +1273,7 @@ mod tests {
             &[true; 4],
             &[Beside::default(); 4],
             &[None; 4],
-            &[0.0; 4],
+            &[0; 4],
             None,
         );
         assert_eq!(answer, "The number is 41, The number is 7");
@@ -1278,7 +1289,7 @@ mod tests {
             &[true; 2],
             &[Beside::default(); 2],
             &[None; 2],
-            &[0.0; 2],
+            &[0; 2],
             Some("On May 2.".into()),
         );
         assert_eq!((answer.as_str(), cited.len()), ("On May 2.", 0));
@@ -1288,7 +1299,7 @@ mod tests {
             &[true],
             &[Beside::default()],
             &[None],
-            &[0.0],
+            &[0],
             None,
         );
         assert!(abstains(&answer), "{answer}");
