@@ -124,8 +124,10 @@ pub enum Command {
     ///
     /// The best passages of everything the stream stored (BM25 and sentence embeddings,
     /// fused), within --evidence-tokens, are each asked the question in one batch, beside
-    /// the memory's lines on it. Of the passages that answer, the newest of those whose
-    /// answering turn bears most on the question wins; a question asking for every value
+    /// the memory's lines on it. Of the passages that answer, among those whose answering
+    /// turn bears most on the question, a question of how things stand now ("Where does
+    /// Ana live?") gets the newest one's answer, any other ("What did Ana bake?") the
+    /// answer of the one the search ranked first; a question asking for every value
     /// ("What pets does Ana have?") searches and reads three times as much and gets
     /// every passage's answer; then the memory's, then "not known". A question asking
     /// when ("When did Ana fly to Porto?") searches five times as much and is answered
