@@ -129,12 +129,38 @@ pub fn stems(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// Titles written short with a period ("Dr. Ortega"): their period does not end a
+/// sentence and they are not names.
+const TITLES: &[&str] = &["Dr", "Mr", "Mrs", "Ms", "Mt", "St", "Jr", "Sr"];
+
+/// Whether `word` (as written, punctuation and all) is an initial, an abbreviation
+/// spelled with periods or a short title: "P.", "J.B.", "U.S.", "Dr.".
+fn abbreviation(word: &str) -> bool {
+    let word = word.trim_start_matches(|c: char| !c.is_alphanumeric());
+    let word = word.trim_end_matches([',', ';', ':', '?', '!', ')', '"', '\'']);
+    let Some(short) = word.strip_suffix('.') else {
+        return false;
+    };
+    let parts: Vec<&str> = short.split('.').collect();
+    let letters = |p: &&str| !p.is_empty() && p.chars().all(char::is_alphabetic);
+    parts.iter().all(letters)
+        && match parts.as_slice() {
+            [one] => one.chars().count() == 1 || TITLES.contains(one),
+            _ => parts.iter().all(|p| p.chars().count() <= 2),
+        }
+}
+
 /// The names in `question`: capitalised words that do not start a sentence (`I` aside),
-/// without a possessive `'s`.
+/// without a possessive `'s`. Initials, abbreviations and titles ("P. K. Varga",
+/// "the U.S.", "Dr. Ortega") are not names and their periods end no sentence, so the
+/// name they stand before is one ("Varga", "Ortega").
 pub fn names(question: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     let mut starts = true;
     for word in question.split_whitespace() {
+        if abbreviation(word) {
+            continue;
+        }
         let bare = word.trim_matches(|c: char| !c.is_alphanumeric());
         let bare = bare
             .strip_suffix("'s")

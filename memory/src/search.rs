@@ -459,8 +459,13 @@ pub fn unmentioned(question: &str, found: &[Evidence], memory: &str) -> Option<S
         .into_iter()
         .filter(|name| !memagent_recall::dates::is_calendar_word(name))
         .find(|name| {
+            // A name written with a hyphen or an apostrophe ("Jean-Luc", "O'Brien") is
+            // stored as its parts: it is mentioned when one of them is.
             let name = name.to_lowercase();
-            !stored.iter().any(|w| same_word(&name, w))
+            !words_of(&name)
+                .iter()
+                .filter(|part| part.chars().count() > 1)
+                .any(|part| stored.iter().any(|w| same_word(part, w)))
         })
 }
 
@@ -782,6 +787,17 @@ mod tests {
             Some("Mary".into())
         );
         assert_eq!(absent("Where does Ingrid live?"), Some("Ingrid".into()));
+        // Initials and abbreviations are not names the turns must say; a hyphenated
+        // word is said by its parts.
+        assert_eq!(
+            absent("Did John read J.B. Okoro in the U.S.?"),
+            Some("Okoro".into())
+        );
+        assert_eq!(absent("Which Paris-based colleagues did John visit?"), None);
+        assert_eq!(
+            absent("Which Jean-Luc did John visit?"),
+            Some("Jean-Luc".into())
+        );
         // The memory counts as stored.
         assert_eq!(
             unmentioned("Where does Ingrid live?", &found, "Ingrid lives in Oslo."),

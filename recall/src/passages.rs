@@ -572,6 +572,12 @@ mod tests {
             ["Tomas", "Ada"]
         );
         assert!(names("Where do I keep the wifi password?").is_empty());
+        // Initials, abbreviations and titles are not names, nor do they end a sentence.
+        assert_eq!(
+            names("Does Ada read P. K. Varga or J.B. Okoro? Ask Dr. Ortega."),
+            ["Ada", "Varga", "Okoro", "Ortega"]
+        );
+        assert_eq!(names("What areas of the U.S. has Ada seen?"), ["Ada"]);
         assert!(shares_words(
             "Ingrid lives in Porto.",
             "Where does Ingrid live?"
