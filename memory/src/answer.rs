@@ -1,6 +1,8 @@
 //! How a question is answered from a memory and the passages found for it: each passage
 //! asked on its own, then one answer chosen, with the passages it cites.
 
+use std::collections::HashMap;
+
 use chrono::NaiveDateTime;
 use memagent_agent::{AnswerReport, MemoryAgent, TextTokenizer, PASSAGE_ANSWER};
 use memagent_engine::words::{sentences, stems};
@@ -157,9 +159,8 @@ pub fn answer_with_evidence(
             prompts.push((question, "", notes));
         }
     }
-    let (replies, asked_again) = read(agent, &prompts)?;
-    let mut replies = replies.into_iter().zip(asked_again);
-    let mut calls_again = 0;
+    let mut replies = read(agent, &prompts)?.into_iter();
+    let mut calls = 0;
     let mut out = Vec::with_capacity(asked.len());
     for (question, a) in questions.iter().zip(asked) {
         if let Some(made) = a.made {
@@ -171,10 +172,13 @@ pub fn answer_with_evidence(
             continue;
         }
         let mut report = made_answer(String::new());
-        let mut said = |(reply, again): (AnswerReport, bool)| {
-            calls_again += usize::from(again);
-            report.prompt_tokens += reply.prompt_tokens;
-            report.completion_tokens += reply.completion_tokens;
+        let mut said = |(reply, took): (AnswerReport, usize)| {
+            calls += took;
+            // A repeat's reply was read for the prompt before it.
+            if took > 0 {
+                report.prompt_tokens += reply.prompt_tokens;
+                report.completion_tokens += reply.completion_tokens;
+            }
             report.seconds = reply.seconds;
             report.timings = reply.timings;
             report.stop_reason = reply.stop_reason;
@@ -191,12 +195,11 @@ pub fn answer_with_evidence(
                 said(reply).filter(|s| asks_when(question) || !frames_a_turn(s, text))
             })
             .collect();
-        let asked = a.units.len() + usize::from(a.notes.is_some());
         let from_notes = a
             .notes
             .and_then(|_| said(replies.next().expect("one reply for the notes")));
-        // Every prompt answered, and those asked again of the base model.
-        let calls = asked + std::mem::take(&mut calls_again);
+        // Every prompt answered once, and those asked again of the base model.
+        let calls = std::mem::take(&mut calls);
         let unit_said: Vec<Option<&str>> = units.iter().map(Option::as_deref).collect();
         let texts: Vec<&str> = a.units.iter().map(|(_, t)| t.as_str()).collect();
         let about = about_the_question(question, &texts, &unit_said);
@@ -253,9 +256,40 @@ pub fn answer_with_evidence(
 /// it and the rest (a user's chat with an assistant, plain text, the memory's notes) with
 /// the base model, on which the generated checks were measured; a reader's answer with a
 /// word its passage does not hold misread it ("Coal" for "cobalt79"), and the base model
-/// is asked instead.
-/// Each reply comes with whether it was asked again.
+/// is asked instead. Each distinct prompt is read once: passages that overlap can show a
+/// question the same sentence twice, and a reply does not depend on the prompts beside
+/// it in the batch, so a repeat gets the first one's reply. Each reply comes with the
+/// model calls it took: none for a repeat, two when asked again of the base model.
 fn read(
+    agent: &MemoryAgent<'_>,
+    prompts: &[(&str, &str, &str)],
+) -> Result<Vec<(AnswerReport, usize)>> {
+    let mut distinct: Vec<(&str, &str, &str)> = Vec::new();
+    let mut first: HashMap<(&str, &str, &str), usize> = HashMap::new();
+    let of: Vec<(usize, bool)> = prompts
+        .iter()
+        .map(|p| match first.get(p) {
+            Some(&i) => (i, false),
+            None => {
+                first.insert(*p, distinct.len());
+                distinct.push(*p);
+                (distinct.len() - 1, true)
+            }
+        })
+        .collect();
+    let (replies, again) = read_distinct(agent, &distinct)?;
+    Ok(of
+        .into_iter()
+        .map(|(i, new)| {
+            let calls = usize::from(new) * (1 + usize::from(again[i]));
+            (replies[i].clone(), calls)
+        })
+        .collect())
+}
+
+/// [`read`] for prompts that are all distinct; each reply comes with whether it was
+/// asked again.
+fn read_distinct(
     agent: &MemoryAgent<'_>,
     prompts: &[(&str, &str, &str)],
 ) -> Result<(Vec<AnswerReport>, Vec<bool>)> {

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::chats::{chat_line, sittings_about_baking, sittings_about_bees};
+use crate::chats::{chat_line, sittings_about_baking, sittings_about_bees, sittings_about_pets};
 use crate::{data_dir, run, stderr};
 
 fn json(o: &std::process::Output) -> Value {
@@ -994,4 +994,39 @@ fn a_question_of_one_occasion_is_answered_from_the_passage_found_first() {
     assert_eq!(answer["answer"], "A lemon cake.", "{answer:#}");
     let (answer, _) = query_stand_in(&dir, "What does Ana bake for parties?", reply);
     assert_eq!(answer["answer"], "Rye bread.", "{answer:#}");
+}
+
+/// A list question ("What pets does Ana have?") reads its passages a sentence at a time;
+/// a sentence said in two sittings is one prompt, and the stand-in (a loopback server
+/// speaking the OpenAI protocol) is asked it once.
+#[test]
+fn a_sentence_said_twice_is_read_once() {
+    let dir = data_dir("search-said-twice");
+    ingest_talk(&dir, &sittings_about_pets());
+    let reply = |prompt: &str| {
+        let said = match prompt.contains("dog named Rex") {
+            true => "Rex and Mochi.",
+            false => "Not known.",
+        };
+        said.to_string()
+    };
+    let (answer, prompts) = query_stand_in(&dir, "What pets does Ana have?", reply);
+    let asked = prompts
+        .iter()
+        .filter(|p| p.contains("My pets are a dog named Rex"))
+        .count();
+    assert_eq!(asked, 1, "{prompts:#?}");
+    let mut distinct = prompts.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), prompts.len(), "{prompts:#?}");
+    assert!(
+        answer["answer"].as_str().unwrap().contains("Rex"),
+        "{answer:#}"
+    );
+    // The calls and tokens counted are those of the prompts read (the stand-in counts
+    // 50 tokens a prompt).
+    let read = prompts.iter().filter(|p| !p.is_empty()).count();
+    assert_eq!(answer["model_calls"], read, "{answer:#}");
+    assert_eq!(answer["prompt_tokens"], 50 * read, "{answer:#}");
 }

@@ -94,6 +94,40 @@ pub fn sittings_about_baking() -> String {
     padded_sittings(&sittings)
 }
 
+/// Three sittings of a chat in chat-jsonl: Ana names her pets in the first and again, in
+/// the same sentence, in the third; the second is about the cello.
+pub fn sittings_about_pets() -> String {
+    let pets = "My pets are a dog named Rex and a cat named Mochi.";
+    let sittings: [(&str, [(&str, String); 2]); 3] = [
+        (
+            "2024-04-01",
+            [
+                ("Ben", "Do you have pets, Ana?".to_string()),
+                ("Ana", format!("Sure do! {pets}")),
+            ],
+        ),
+        (
+            "2024-04-08",
+            [
+                ("Ben", "How was the cello lesson?".to_string()),
+                ("Ana", "Long. We played scales for an hour.".to_string()),
+            ],
+        ),
+        (
+            "2024-04-15",
+            [
+                ("Ben", "Tell Carla about your pets, Ana.".to_string()),
+                ("Ana", format!("Gladly! {pets}")),
+            ],
+        ),
+    ];
+    let sittings: Vec<(&str, [(&str, &str); 2])> = sittings
+        .iter()
+        .map(|(day, [a, b])| (*day, [(a.0, a.1.as_str()), (b.0, b.1.as_str())]))
+        .collect();
+    padded_sittings(&sittings)
+}
+
 /// Each sitting (its day, its two opening turns) followed by the same small talk, a turn a
 /// minute from 10:00: about 90 words of talk, so that each sitting's opening lies in
 /// passages of its own.
