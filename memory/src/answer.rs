@@ -526,6 +526,17 @@ fn about_the_question(question: &str, texts: &[&str], said: &[Option<&str>]) -> 
         .collect()
 }
 
+/// Whether `question` asks for a guess ("Would Ana enjoy a hike?", "What might Ben
+/// study?", "What is Ravi likely to cook?"): a modal verb or a word of likelihood. What
+/// one person said can bear on a guess about the other, so the speaker rule
+/// ([`said_by_another`]) does not answer it.
+fn asks_for_a_guess(question: &str) -> bool {
+    question
+        .split(|c: char| !c.is_alphanumeric())
+        .map(str::to_lowercase)
+        .any(|w| ["would", "might", "could", "likely", "probably"].contains(&w.as_str()))
+}
+
 /// When `question` asks about one of the people speaking in the chat turns of `texts`,
 /// and the turns sharing the most of its other words are statements of someone else,
 /// the pair (who is asked about, who said it): the question takes what one person said
@@ -540,6 +551,9 @@ fn about_the_question(question: &str, texts: &[&str], said: &[Option<&str>]) -> 
 /// from 7% to 2% but the adversarial questions answered "not mentioned" from 71% to 54%,
 /// and the questions let through were answered no better (F1 0.332 → 0.334).
 fn said_by_another(question: &str, texts: &[&str]) -> Option<(String, String)> {
+    if asks_for_a_guess(question) {
+        return None;
+    }
     let turns: Vec<(&str, &str)> = texts
         .iter()
         .flat_map(|t| t.lines().filter_map(turn_speaker))
@@ -1435,6 +1449,15 @@ mod tests {
         // Without speakers' names there is no one else.
         assert_eq!(
             said_by_another(q, &["I ran a half marathon and realised it."]),
+            None
+        );
+        // A guess about Ana may rest on what Ravi said: the model is asked.
+        assert_eq!(
+            said_by_another("Would Ana likely run a half marathon?", &texts),
+            None
+        );
+        assert_eq!(
+            said_by_another("What might Ana realize after a half marathon?", &texts),
             None
         );
     }
