@@ -90,7 +90,6 @@ impl LowRank {
         let (x_ptr, y_ptr) = (x.as_ptr() as usize, y.as_mut_ptr() as usize);
         super::pool::for_chunks(rows.div_ceil(ROWS), |range| {
             let mut u = vec![0f32; ROWS * self.r];
-            let mut delta = vec![0f32; self.n];
             for group in range {
                 let first = group * ROWS;
                 let count = ROWS.min(rows - first);
@@ -126,28 +125,73 @@ impl LowRank {
                         }
                     }
                 }
-                for row in 0..count {
-                    let u = &u[row * self.r..(row + 1) * self.r];
-                    delta.fill(0.0);
-                    // The row's update, from zero: u_j Bᵀ_j over each part's own ranks and
-                    // outputs, in rank order; then added to its outputs.
-                    for (ranks, outputs) in &self.blocks {
-                        let d = &mut delta[outputs.clone()];
-                        for j in ranks.clone() {
-                            let b = &self.bt[j * self.n + outputs.start..j * self.n + outputs.end];
-                            for (d, b) in d.iter_mut().zip(b) {
-                                *d += u[j] * b;
-                            }
+                match count {
+                    ROWS => self.add_updates::<ROWS>(&u, y),
+                    _ => {
+                        for row in 0..count {
+                            self.add_updates::<1>(
+                                &u[row * self.r..],
+                                &mut y[row * self.n..(row + 1) * self.n],
+                            );
                         }
-                    }
-                    for (y, d) in y[row * self.n..(row + 1) * self.n].iter_mut().zip(&delta) {
-                        *y += d;
                     }
                 }
             }
         });
     }
+
+    /// Adds to each of the `N` rows of `y` (rows of n) its update `u_j Bᵀ_j`, from its
+    /// ranks' values `u` (rows of r): each output's update summed from zero over its
+    /// part's ranks in rank order, then added to it (zero to the outputs of a part the
+    /// adapter leaves alone), as for a row alone. The rows share each loaded run of
+    /// [`OUTPUTS`] values of Bᵀ, their sums kept in registers across the ranks.
+    fn add_updates<const N: usize>(&self, u: &[f32], y: &mut [f32]) {
+        let (n, r) = (self.n, self.r);
+        let untouched = |y: &mut [f32], outputs: std::ops::Range<usize>| {
+            for row in 0..N {
+                for y in &mut y[row * n + outputs.start..row * n + outputs.end] {
+                    *y += 0.0;
+                }
+            }
+        };
+        let mut next = 0;
+        for (ranks, outputs) in &self.blocks {
+            untouched(y, next..outputs.start);
+            next = outputs.end;
+            let whole = outputs.start + outputs.len() / OUTPUTS * OUTPUTS;
+            for o in (outputs.start..whole).step_by(OUTPUTS) {
+                let mut acc = [[0f32; OUTPUTS]; N];
+                for j in ranks.clone() {
+                    let b = &self.bt[j * n + o..j * n + o + OUTPUTS];
+                    for (row, acc) in acc.iter_mut().enumerate() {
+                        let uj = u[row * r + j];
+                        for (acc, b) in acc.iter_mut().zip(b) {
+                            *acc += uj * b;
+                        }
+                    }
+                }
+                for (row, acc) in acc.iter().enumerate() {
+                    for (y, d) in y[row * n + o..row * n + o + OUTPUTS].iter_mut().zip(acc) {
+                        *y += d;
+                    }
+                }
+            }
+            for o in whole..outputs.end {
+                for row in 0..N {
+                    let mut d = 0f32;
+                    for j in ranks.clone() {
+                        d += u[row * r + j] * self.bt[j * n + o];
+                    }
+                    y[row * n + o] += d;
+                }
+            }
+        }
+        untouched(y, next..n);
+    }
 }
+
+/// Outputs whose updates [`LowRank::add_updates`] sums together, for every row of a group.
+const OUTPUTS: usize = 16;
 
 /// Rows of `x` whose updates are computed together: each weight row of A is read once
 /// for all of them, and their sums are independent chains, each summed as it is alone
@@ -301,5 +345,54 @@ mod tests {
         assert!(LowRank::new(k, &rows, vec![None, None, None])
             .unwrap()
             .is_none());
+    }
+
+    #[test]
+    fn each_output_is_summed_from_zero_in_rank_order_then_added() {
+        let dev = Device::Cpu;
+        // Parts longer than a run of outputs summed together, with a tail, and one left
+        // alone between them.
+        let (k, parts) = (48, [37usize, 5, 20]);
+        let ranks = [3usize, 0, 2];
+        let n: usize = parts.iter().sum();
+        let mut adapted = Vec::new();
+        for (p, (&rows, &rank)) in parts.iter().zip(&ranks).enumerate() {
+            adapted.push((rank > 0).then(|| {
+                let seed = 10 * p as u32;
+                (
+                    Tensor::from_vec(values(rank * k, seed + 1), (rank, k), &dev).unwrap(),
+                    Tensor::from_vec(values(rows * rank, seed + 2), (rows, rank), &dev).unwrap(),
+                )
+            }));
+        }
+        let lr = LowRank::new(k, &parts, adapted.clone()).unwrap().unwrap();
+        let count = 7;
+        let x = values(count * k, 5);
+        let mut y = values(count * n, 6);
+        // An output of the part left alone gets zero added, as it would alone.
+        y[37] = -0.0;
+        let mut want = y.clone();
+        for row in 0..count {
+            let x = &x[row * k..(row + 1) * k];
+            let y = &mut want[row * n..(row + 1) * n];
+            let mut start = 0;
+            for (part, &rows) in adapted.iter().zip(&parts) {
+                for o in start..start + rows {
+                    let mut d = 0f32;
+                    if let Some((a, b)) = part {
+                        let (a, b) = (a.to_vec2::<f32>().unwrap(), b.to_vec2::<f32>().unwrap());
+                        for (j, a) in a.iter().enumerate() {
+                            let [u] = dots::<1>(x, a, k);
+                            d += u * b[o - start][j];
+                        }
+                    }
+                    y[o] += d;
+                }
+                start += rows;
+            }
+        }
+        lr.add_rows(&mut y, &x);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&y), bits(&want));
     }
 }
