@@ -13,7 +13,9 @@ use memagent_recall::passages::{
 };
 use memagent_store::MemoryVersion;
 
-use crate::search::{evidence_passages, same_word, unlabelled, unmentioned, Evidence, NOTE_LINES};
+use crate::search::{
+    asks_for_a_guess, evidence_passages, same_word, unlabelled, unmentioned, Evidence, NOTE_LINES,
+};
 use crate::Result;
 
 /// One question's answer from [`answer_with_evidence`].
@@ -70,7 +72,8 @@ pub(crate) const WHEN_SCALE: usize = 5;
 /// when that turn's date is known (see [`WHEN_SCALE`]). A question that names someone or something that neither the passages
 /// found nor the memory mention is answered "not mentioned" without the model (see
 /// [`unmentioned`]), with no passage; so is a question about one speaker of a chat whose
-/// turns bearing on it are another's (see [`said_by_another`]), with its passages. Each
+/// turns bearing on it are another's (see [`said_by_another`]), with its passages;
+/// neither rule answers a question asking for a guess ([`asks_for_a_guess`]). Each
 /// answer comes with the passages asked, oldest first, each with what it alone answered
 /// and whether the answer cites it.
 pub fn answer_with_evidence(
@@ -524,17 +527,6 @@ fn about_the_question(question: &str, texts: &[&str], said: &[Option<&str>]) -> 
     (0..texts.len())
         .map(|i| coverage[i] + 1 >= best && (rare.is_empty() || holds_any(texts[i], &rare)))
         .collect()
-}
-
-/// Whether `question` asks for a guess ("Would Ana enjoy a hike?", "What might Ben
-/// study?", "What is Ravi likely to cook?"): a modal verb or a word of likelihood. What
-/// one person said can bear on a guess about the other, so the speaker rule
-/// ([`said_by_another`]) does not answer it.
-fn asks_for_a_guess(question: &str) -> bool {
-    question
-        .split(|c: char| !c.is_alphanumeric())
-        .map(str::to_lowercase)
-        .any(|w| ["would", "might", "could", "likely", "probably"].contains(&w.as_str()))
 }
 
 /// When `question` asks about one of the people speaking in the chat turns of `texts`,
