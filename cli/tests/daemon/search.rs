@@ -293,15 +293,10 @@ fn passages_read_ahead_are_ranked_again_as_if_read_with_the_question() {
 
     // The memory steps run beside the questions: each passage names the memory version
     // that read it, so the answers are compared once the chat is read into memory.
-    wait_for(
-        "the chat read into memory",
-        Duration::from_secs(300),
-        || {
-            daemon
-                .stream_status("talk")
-                .filter(|s| s["log_bytes"].as_u64() > Some(0) && s["pending_bytes"] == 0)
-        },
-    );
+    let bytes = daemon.stream_status("talk").expect("the chat's status")["log_bytes"]
+        .as_u64()
+        .expect("the chat's log length");
+    daemon.wait_caught_up("talk", bytes, Duration::from_secs(300));
     let question = "What did Ben start on Tuesdays?";
     let ask = |daemon: &Daemon, flags: &[&str]| -> Value {
         let o = daemon.memctl(&[&["query", "talk", question, "--json"], flags].concat());
